@@ -1,26 +1,45 @@
 """Exceptions raised by dynax. Construction errors are ``ValueError`` subclasses so that
-``except ValueError`` catches every bad-input failure, as with NumPy and JAX."""
+``except ValueError`` catches every bad-input failure, as with NumPy and JAX, and their
+messages end with the user's file:line where the bad call was made."""
+from .sites import user_site
 
 
 class DynaxError(Exception):
     """Base class of dynax's own errors."""
 
 
+class _AtUserSite:
+    """Mixin: the message ends with the user's file:line (found when the error is made, so the
+    hot path of building nodes pays nothing for it)."""
+
+    def __init__(self, message: str = ""):
+        self.site = user_site()
+        super().__init__(f"{message} [at {self.site}]")
+
+
 class StaleExpressionError(DynaxError, RuntimeError):
     """An expression of a graph that ``dx.renew_cg`` has since replaced was used."""
 
 
-class ShapeError(DynaxError, ValueError):
+class ShapeError(_AtUserSite, DynaxError, ValueError):
     """The shapes given to an operation do not fit together."""
 
 
-class IndexOutOfRangeError(DynaxError, ValueError, IndexError):
+class IndexOutOfRangeError(_AtUserSite, DynaxError, ValueError, IndexError):
     """An index or label given to an operation lies outside the valid range."""
 
 
-class DTypeError(DynaxError, ValueError):
+class DTypeError(_AtUserSite, DynaxError, ValueError):
     """A value of an unsupported dtype was given to an operation."""
 
 
-class NonScalarBackwardError(DynaxError, ValueError):
+class NonScalarBackwardError(_AtUserSite, DynaxError, ValueError):
     """``backward()`` was called on an expression with more than one element."""
+
+
+class InvalidArgumentError(_AtUserSite, DynaxError, ValueError):
+    """An argument has an invalid value (an empty list, a probability outside [0, 1), ...)."""
+
+
+class ArgumentTypeError(_AtUserSite, DynaxError, TypeError):
+    """An argument has a type the operation does not accept."""

@@ -22,7 +22,7 @@ def inp(shape):
     return dx.input(np.ones(shape, np.float32))
 
 
-def check_message(err, names, *parts):
+def check_message(err, names, *parts, site=True):
     """``err`` is a ValueError whose message contains one of ``names`` and every part."""
     assert isinstance(err, ValueError), type(err)
     msg = str(err)
@@ -30,6 +30,8 @@ def check_message(err, names, *parts):
     assert any(n in msg for n in names), f"no op name {names} in {msg!r}"
     for p in parts:
         assert p in msg, f"{p!r} not in {msg!r}"
+    if site:  # the user's file:line where the bad call was made
+        assert re.search(rf"{re.escape(__file__)}:\d+", msg), f"no {__file__}:line in {msg!r}"
     return msg
 
 

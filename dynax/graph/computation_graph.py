@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from ..errors import IndexOutOfRangeError, StaleExpressionError
+from ..errors import ArgumentTypeError, IndexOutOfRangeError, StaleExpressionError
 from ..ops.registry import AKEY_AVAL, SIG_CACHE, describe, signature_for
-from .sites import user_site
+from ..sites import user_site
 
 STRATEGIES = ("agenda", "depth", "none")
 
@@ -218,7 +218,7 @@ class ComputationGraph:
 def _stale(expr, opname):
     from .expression import Expression
     if not isinstance(expr, Expression):
-        raise TypeError(f"{opname}: expected an Expression, got {type(expr).__name__}")
+        raise ArgumentTypeError(f"{opname}: expected an Expression, got {type(expr).__name__}")
     raise StaleExpressionError(
         f"{opname}: an argument belongs to a computation graph replaced by dx.renew_cg(); "
         "build expressions again on the current graph")

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..errors import ArgumentTypeError, DTypeError, InvalidArgumentError, ShapeError
 from ..graph.computation_graph import _local, current_graph
 from ..graph.expression import Expression
 from .registry import CHEAP, HEAVY, OpDef, akey_of
@@ -33,7 +33,7 @@ def _kind(x, opname):
         return "s", float(x)
     if isinstance(x, (np.ndarray, jax.Array)):
         return "v", input(x)
-    raise TypeError(f"{opname}: unsupported argument of type {type(x).__name__}; "
+    raise ArgumentTypeError(f"{opname}: unsupported argument of type {type(x).__name__}; "
                     "expected an Expression, a Parameter, a number or an array")
 
 
@@ -96,7 +96,7 @@ def _one(x, opname):
     """(kind char, item) for the single tensor argument of an op taking static/int extras."""
     k, item = _kind(x, opname)
     if k == "s":
-        raise TypeError(f"{opname}: expected an Expression or Parameter, got {x!r}")
+        raise ArgumentTypeError(f"{opname}: expected an Expression or Parameter, got {x!r}")
     return k, item
 
 
@@ -263,7 +263,7 @@ def _binop(op, a, b):
         ka, _ = _kind(a, op.name)
         kb, _ = _kind(b, op.name)
         if ka == "s" and kb == "s":
-            raise TypeError(f"{op.name}: at least one argument must be an Expression or Parameter")
+            raise ArgumentTypeError(f"{op.name}: at least one argument must be an Expression or Parameter")
     return _apply(op, a, b)
 
 
@@ -317,7 +317,7 @@ def dropout(x, p: float):
     reproduces the masks and batching does not change them.
     """
     if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout: p must be in [0, 1), got {p}")
+        raise InvalidArgumentError(f"dropout: p must be in [0, 1), got {p}")
     g = current_graph()
     if p == 0.0 or not g.train:
         return x if isinstance(x, Expression) else _apply(IDENTITY, x)
@@ -376,7 +376,7 @@ def affine_transform(args):
     """``b + W1 @ x1 + W2 @ x2 + ...`` from the list ``[b, W1, x1, W2, x2, ...]``."""
     args = list(args)
     if len(args) % 2 != 1:
-        raise ValueError(f"affine_transform: expected [b, W1, x1, ...] (odd length), "
+        raise InvalidArgumentError(f"affine_transform: expected [b, W1, x1, ...] (odd length), "
                          f"got {len(args)} items")
     return _apply(AFFINE, *args)
 
@@ -415,7 +415,7 @@ def concatenate(xs, d: int = 0):
     """Concatenate a list of expressions along axis ``d``."""
     xs = list(xs)
     if not xs:
-        raise ValueError("concatenate: empty list")
+        raise InvalidArgumentError("concatenate: empty list")
     if len(xs) == 1:
         return xs[0]
     items = _list_args(xs, "concatenate")
@@ -476,12 +476,12 @@ EMAX = OpDef("emax", lambda *xs: jnp.max(_stack(xs), axis=0), CHEAP, check=_all_
 def _list_args(xs, opname):
     xs = list(xs)
     if not xs:
-        raise ValueError(f"{opname}: empty list")
+        raise InvalidArgumentError(f"{opname}: empty list")
     out = []
     for x in xs:
         k, item = _kind(x, opname)
         if k == "s":
-            raise TypeError(f"{opname}: list items must be Expressions or Parameters, got {x!r}")
+            raise ArgumentTypeError(f"{opname}: list items must be Expressions or Parameters, got {x!r}")
         out.append(item)
     return out
 

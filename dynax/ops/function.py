@@ -12,6 +12,7 @@ import numbers
 import jax
 import numpy as np
 
+from ..errors import ArgumentTypeError
 from ..graph.expression import Expression
 from .core import _PARAMETER_TYPES, _node, atomic, input
 from .registry import HEAVY, OpDef
@@ -34,7 +35,7 @@ class Function:
 
     def __call__(self, *args, **kwargs):
         if kwargs:
-            raise TypeError(f"{self.op.name}: dx.function arguments must be positional")
+            raise ArgumentTypeError(f"{self.op.name}: dx.function arguments must be positional")
         kinds = []
         graph_mode = False
         for a in args:  # fast path: Expressions and Parameters only
@@ -68,16 +69,16 @@ class Function:
                 try:
                     hash(a)
                 except TypeError:
-                    raise TypeError(f"{self.op.name}: static argument {a!r} is not hashable"
+                    raise ArgumentTypeError(f"{self.op.name}: static argument {a!r} is not hashable"
                                     ) from None
                 kinds.append("s"); items.append(a)
             else:
-                raise TypeError(f"{self.op.name}: unsupported argument of type {type(a).__name__}")
+                raise ArgumentTypeError(f"{self.op.name}: unsupported argument of type {type(a).__name__}")
         if not graph_mode:
             return self.fn(*args)  # plain JAX call (nested inside a traced dx.function)
         for i, k in enumerate(kinds):
             if k == "a":
-                raise TypeError(f"{self.op.name}: argument {i} is a JAX array mixed with "
+                raise ArgumentTypeError(f"{self.op.name}: argument {i} is a JAX array mixed with "
                                 "Expressions; wrap constants with dx.input")
             if k == "n":
                 kinds[i], items[i] = "v", input(items[i])

@@ -21,7 +21,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import ArgumentTypeError, ShapeError
 
 CHEAP, HEAVY = 0, 1
 
@@ -172,7 +172,7 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
     outs = tuple(out) if multi else (out,)
     for o in outs:
         if not isinstance(o, jax.ShapeDtypeStruct):
-            raise TypeError(f"{op.name}: outputs must be arrays or a tuple of arrays, got {out!r}")
+            raise ArgumentTypeError(f"{op.name}: outputs must be arrays or a tuple of arrays, got {out!r}")
     out_akeys = tuple(akey_of(o.shape, o.dtype) for o in outs)
     sig = Signature(len(SIGNATURES), op, kinds, tuple(statics), tuple(params), tuple(param_pos),
                     tuple(in_akeys), out_akeys, multi, bounds)

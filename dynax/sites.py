@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def user_site() -> str:

@@ -145,3 +145,30 @@ def random_sentences(count: int, seed: int = 0, vocab: int = VOCAB, n_tags: int 
         tags[1:] = np.where(tags[:-1] == 0, (words[1:] + 1) % n_tags, tags[1:])
         out.append(Sentence(tuple(int(w) for w in words), tuple(int(t) for t in tags)))
     return out
+
+
+# ---- additions for the benchmark suite (new generators; the ones above are unchanged) --------
+
+def zipf_counts(n_tokens: int, vocab: int = VOCAB, seed: int = 0) -> np.ndarray:
+    """Word frequencies in a synthetic Zipfian corpus of ``n_tokens`` tokens (same law as the
+    sentences); ``counts[w]`` is how often word ``w`` occurs. Used to call words rare."""
+    rng = np.random.default_rng(seed)
+    return np.bincount(_zipf_words(rng, n_tokens, vocab), minlength=vocab)
+
+
+def word_spellings(vocab: int = VOCAB, n_chars: int = 60, seed: int = 0,
+                   min_chars: int = 3, max_chars: int = 12) -> list[tuple]:
+    """A spelling (tuple of character ids in ``[0, n_chars)``) for every word id.
+
+    Lengths are uniform in ``min_chars..max_chars``. The last character is ``word % n_chars``,
+    a suffix that carries part of the word's tag (tags are ``word % n_tags``), so a character
+    model has something to learn; the rest is random.
+    """
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(min_chars, max_chars + 1, size=vocab)
+    chars = rng.integers(0, n_chars, size=(vocab, max_chars))
+    out = []
+    for w in range(vocab):
+        s = [int(c) for c in chars[w, :lengths[w] - 1]]
+        out.append(tuple(s) + (w % n_chars,))
+    return out

@@ -1,0 +1,113 @@
+"""Bounded memory: what persists between updates is parameters, optimiser state and the pooled
+arenas, nothing else; a graph's memory goes with it; arenas grow on demand and
+``dx.release_memory()`` gives them back. Device memory is measured as the bytes of
+``jax.live_arrays()``, which is exact and deterministic (no allocator noise)."""
+from __future__ import annotations
+
+import gc
+
+import jax
+import numpy as np
+import optax
+
+import dynax as dx
+from dynax.graph.computation_graph import _engine
+
+
+def device_bytes() -> int:
+    return sum(a.nbytes for a in jax.live_arrays())
+
+
+def arena_bytes() -> int:
+    return sum(a.nbytes for a in _engine().arenas.values())
+
+
+class Tagger:
+    def __init__(self):
+        self.pc = pc = dx.ParameterCollection(seed=0)
+        self.E = pc.add_lookup_parameters((50, 8), name="E")
+        self.lstm = dx.nn.LSTMBuilder(1, 8, 12, pc)
+        self.W = pc.add_parameters((4, 12), name="W")
+
+    def loss(self, sentences):
+        losses = []
+        for words in sentences:
+            hs = self.lstm.initial_state().transduce([self.E[w] for w in words])
+            losses += [dx.pickneglogsoftmax(self.W @ h, w % 4) for h, w in zip(hs, words)]
+        return dx.esum(losses)
+
+
+def _batches(seed, n):
+    rng = np.random.default_rng(seed)
+    return [[list(rng.integers(0, 50, rng.integers(2, 12))) for _ in range(rng.integers(2, 9))]
+            for _ in range(n)]
+
+
+def _train_step(model, trainer, batch, strategy):
+    dx.renew_cg(autobatch=strategy)
+    loss = model.loss(batch)
+    value = loss.scalar_value()
+    loss.backward()
+    trainer.update()
+    return value
+
+
+def test_device_memory_flat_over_repeated_varying_batches():
+    dx.release_memory()
+    model = Tagger()
+    trainer = dx.Trainer(model.pc, optax.adam(1e-2))
+    batches = _batches(0, 4)
+    after = []
+    for epoch in range(3):
+        for b in batches:
+            _train_step(model, trainer, b, "agenda")
+        dx.renew_cg()
+        gc.collect()
+        after.append((device_bytes(), len(jax.live_arrays())))
+    # the first epoch grows the arenas to the largest batch; later epochs hold exactly as much
+    assert after[1] == after[2], after
+
+
+def test_graph_memory_released_by_renew_cg():
+    dx.release_memory()
+    model = Tagger()
+    batch = _batches(1, 1)[0] * 4
+
+    def backward():
+        dx.renew_cg(autobatch="agenda")
+        loss = model.loss(batch)
+        loss.backward()  # the forward saved vjp residuals; they live as long as the graph
+        return loss
+
+    backward()  # a first graph creates the gradient buffers, which persist
+    dx.renew_cg()
+    gc.collect()
+    base = device_bytes()
+    loss = backward()
+    assert device_bytes() > base
+    del loss
+    dx.renew_cg()
+    gc.collect()
+    assert device_bytes() == base
+
+
+def test_arenas_grow_on_demand_and_shrink_when_asked():
+    dx.release_memory()
+    assert arena_bytes() == 0
+    model = Tagger()
+    small = [[1, 2, 3]]
+    large = [list(range(1, 40)) for _ in range(30)]  # many more rows than the small graph
+    _loss_value(model, small, "agenda")
+    small_bytes = arena_bytes()
+    got = _loss_value(model, large, "agenda")
+    assert arena_bytes() > small_bytes  # grew without any preallocation setting
+    np.testing.assert_allclose(got, _loss_value(model, large, "none"), rtol=1e-5)
+    dx.renew_cg()
+    dx.release_memory()
+    assert arena_bytes() == 0
+    np.testing.assert_allclose(_loss_value(model, large, "agenda"), got, rtol=1e-6)
+
+
+def _loss_value(model, batch, strategy):
+    dx.renew_cg(autobatch=strategy)
+    return model.loss(batch).scalar_value()

@@ -172,3 +172,45 @@ def word_spellings(vocab: int = VOCAB, n_chars: int = 60, seed: int = 0,
         s = [int(c) for c in chars[w, :lengths[w] - 1]]
         out.append(tuple(s) + (w % n_chars,))
     return out
+
+
+@dataclass(frozen=True)
+class CharSentence:
+    """A tagged sentence whose rare words carry their spelling: ``chars[i]`` is a tuple of
+    character ids if word ``i`` is rare, else None."""
+
+    words: tuple
+    tags: tuple
+    chars: tuple
+
+
+_RARE: dict = {}
+_SPELL: dict = {}
+
+
+def rare_words(vocab: int = VOCAB, corpus_tokens: int = 200_000, min_count: int = 5,
+               seed: int = 7) -> np.ndarray:
+    """A boolean mask over word ids: seen fewer than ``min_count`` times in a synthetic Zipfian
+    corpus of ``corpus_tokens`` tokens (with the defaults, about 16% of the tokens of
+    ``random_sentences`` are rare)."""
+    key = (vocab, corpus_tokens, min_count, seed)
+    if key not in _RARE:
+        _RARE[key] = zipf_counts(corpus_tokens, vocab, seed) < min_count
+    return _RARE[key]
+
+
+def char_sentences(count: int, seed: int = 0, vocab: int = VOCAB, n_tags: int = 9,
+                   n_chars: int = 60, min_len: int = MIN_LEN, max_len: int = MAX_LEN,
+                   corpus_tokens: int = 200_000, min_count: int = 5) -> list[CharSentence]:
+    """``random_sentences`` (same words and tags for the same arguments) with the spelling of
+    every rare word (``rare_words``; spellings from ``word_spellings``)."""
+    rare = rare_words(vocab, corpus_tokens, min_count)
+    key = (vocab, n_chars)
+    if key not in _SPELL:
+        _SPELL[key] = word_spellings(vocab, n_chars)
+    spell = _SPELL[key]
+    out = []
+    for s in random_sentences(count, seed, vocab, n_tags, min_len, max_len):
+        chars = tuple(spell[w] if rare[w] else None for w in s.words)
+        out.append(CharSentence(s.words, s.tags, chars))
+    return out

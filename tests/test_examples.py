@@ -1,0 +1,213 @@
+"""The four examples (tagger, rnnlm, parser, td_treelstm): their data generators, a quick
+end-to-end run of each (it must learn something), and none-vs-agenda forward values.
+
+Each quick run trains on one fixed minibatch for a fixed number of updates, so it is
+deterministic and its kernel shapes are few (compilation dominates such tiny runs).
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+import dynax as dx
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def _load(name):
+    # a private module name: "parser" is also a (removed) standard-library module
+    spec = importlib.util.spec_from_file_location(f"dynax_example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tagger():
+    return _load("tagger")
+
+
+@pytest.fixture(scope="module")
+def rnnlm():
+    return _load("rnnlm")
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return _load("parser")
+
+
+@pytest.fixture(scope="module")
+def td():
+    return _load("td_treelstm")
+
+
+def _decreasing(curve):
+    return curve[-1][1] < curve[0][1]
+
+
+def _same(a, b):
+    assert a.shape == b.shape and a.size > 0
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+# ---- tagger -------------------------------------------------------------------------------------
+
+def test_tagger_data(tagger):
+    train, test = tagger.make_splits(50, 20, seed=3)
+    again, _ = tagger.make_splits(50, 20, seed=3)
+    assert train == again
+    for words, tags in train + test:
+        assert len(words) == len(tags) and tagger.TAGS[tags[-1]] == "PUNCT"
+        for w, t in zip(words, tags):
+            assert tagger.VOCAB[w] in tagger.LEXICON[tagger.TAGS[t]]
+    base = tagger.baselines(*tagger.make_splits(500, 200, seed=0))
+    assert base["majority"] < base["per_word"] < 0.95  # the ambiguous words cost accuracy
+    assert base["per_word_ambiguous"] < 0.75
+
+
+def test_tagger_quick_run(tagger, capsys):
+    r = tagger.main(["--quick", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert r["updates"] == tagger.QUICK["updates"]
+    assert _decreasing(r["curve"])
+    assert r["after"]["loss"] < r["before"]["loss"]
+    for key in ("accuracy", "accuracy_ambiguous"):
+        assert 0.0 <= r["after"][key] <= 1.0
+    assert r["after"]["accuracy"] > r["before"]["accuracy"]
+    assert "held-out tag accuracy" in out and "most frequent tag" in out
+
+
+def test_tagger_none_equals_agenda(tagger):
+    q = tagger.QUICK
+    pc = dx.ParameterCollection(seed=5)
+    model = tagger.BiLSTMTagger(pc, len(tagger.VOCAB), q["dim"], q["hidden"], len(tagger.TAGS))
+    batch, _ = tagger.make_splits(4, 0, seed=5)
+    _same(tagger.forward_values(model, batch, "none"), tagger.forward_values(model, batch, "agenda"))
+
+
+# ---- rnnlm --------------------------------------------------------------------------------------
+
+def test_rnnlm_grammar(rnnlm):
+    g = rnnlm.Grammar(np.random.default_rng(0))
+    assert all(rnnlm.grammatical(g.sentence()) for _ in range(300))
+    for good in ("the dogs that the cat sees sleep .", "a dog that chases the cats runs .",
+                 "every child likes some old birds ."):
+        assert rnnlm.grammatical(good.split()), good
+    for bad in ("the dogs that the cat see sleep .",  # agreement inside the relative clause
+                "the dog that chases the cats run .",  # ... and across it
+                "the dog sleeps", "dog sleeps .", "the dog sees ."):
+        assert not rnnlm.grammatical(bad.split()), bad
+    train, test = rnnlm.make_splits(400, 100, seed=0)
+    uni, bi = rnnlm.NGramBaseline(train).perplexities(test)
+    assert 1.0 < bi < uni < len(rnnlm.VOCAB)
+
+
+def test_rnnlm_quick_run(rnnlm, capsys):
+    r = rnnlm.main(["--quick", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert r["updates"] == rnnlm.QUICK["updates"]
+    assert _decreasing(r["curve"])
+    assert r["after"]["perplexity"] < r["before"]["perplexity"]
+    assert math.isclose(r["after"]["perplexity"], math.exp(r["after"]["loss"]), rel_tol=1e-6)
+    assert 0.0 <= r["grammatical"] <= 1.0 and 0.0 <= r["bigram_grammatical"] <= 1.0
+    assert len(r["samples"]) == rnnlm.QUICK["samples"]
+    assert all(set(s.split()) <= set(rnnlm.VOCAB) for s in r["samples"])
+    assert "held-out perplexity" in out and "unigram" in out
+
+
+def test_rnnlm_none_equals_agenda(rnnlm):
+    q = rnnlm.QUICK
+    pc = dx.ParameterCollection(seed=5)
+    model = rnnlm.LSTMLanguageModel(pc, len(rnnlm.VOCAB), q["dim"], q["hidden"])
+    batch, _ = rnnlm.make_splits(4, 0, seed=5)
+    _same(rnnlm.forward_values(model, batch, "none"), rnnlm.forward_values(model, batch, "agenda"))
+    # sampling reads values while the graph grows: the same draws give the same sentences
+    a = model.sample(3, np.random.default_rng(0), max_len=6, autobatch="none")
+    b = model.sample(3, np.random.default_rng(0), max_len=6, autobatch="agenda")
+    assert a == b
+
+
+# ---- parser -------------------------------------------------------------------------------------
+
+def test_parser_data_and_oracle(parser):
+    train, _ = parser.make_splits(300, 0, seed=2)
+    for words, heads in train:
+        assert parser.is_projective(heads)
+        assert sum(h == 0 for h in heads) == 1
+        c = parser.Configuration(len(words))
+        gold = [-1] + heads
+        while not c.done():
+            action = c.oracle(gold)
+            assert action in c.legal()
+            c.apply(action)
+        assert c.heads[1:] == heads  # the static oracle rebuilds the gold tree
+    assert not parser.is_projective([3, 4, 0, 3])  # arcs 3->1 and 4->2 cross
+    base = parser.baseline_uas(train)
+    assert 0.0 < base["previous"] < 0.5 and 0.0 < base["next"] < 0.5
+
+
+def test_parser_quick_run(parser, capsys):
+    r = parser.main(["--quick", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert r["updates"] == parser.QUICK["updates"]
+    assert _decreasing(r["curve"])
+    assert r["curve"][-1][2] > r["curve"][0][2]  # agrees with the oracle more often
+    assert 0.0 <= r["after"]["uas"] <= 1.0
+    assert r["after"]["uas"] > r["before"]["uas"]
+    assert "held-out UAS" in out
+
+
+def test_parser_none_equals_agenda(parser):
+    q = parser.QUICK
+    pc = dx.ParameterCollection(seed=5)
+    model = parser.BiLSTMParser(pc, len(parser.VOCAB), q["dim"], q["hidden"], q["mlp"])
+    batch, _ = parser.make_splits(4, 0, seed=5)
+    _same(parser.forward_values(model, batch, "none"),
+          parser.forward_values(model, batch, "agenda"))
+
+
+# ---- top-down tree generator ----------------------------------------------------------------------
+
+def test_td_grammar(td):
+    train, _ = td.make_splits(300, 0, seed=0, max_depth=5)
+    for tree in train:
+        assert td.well_formed(("ROOT", [tree]))
+        assert td.log_prob(tree, 5) <= 0.0
+    leaf = lambda lab: (lab, [])  # noqa: E731
+    good = ("S", [("NP", [leaf("D"), leaf("N")]), ("VP", [leaf("V")])])
+    assert td.well_formed(("ROOT", [good]))
+    assert math.isclose(td.log_prob(good, 5), math.log(0.45 * 0.20))
+    assert not td.well_formed(("ROOT", [good, good]))
+    assert not td.well_formed(("ROOT", [("S", [("NP", [leaf("N"), leaf("D")]), ("VP", [leaf("V")])])]))
+    assert not td.well_formed(("ROOT", [("S", [("NP", [leaf("D"), ("N", [leaf("D")])]),
+                                               ("VP", [leaf("V")])])]))
+    assert td.bracket(("ROOT", [good])) == "(S (NP D N) (VP V))"
+
+
+def test_td_quick_run(td, capsys):
+    r = td.main(["--quick", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert r["updates"] == td.QUICK["updates"]
+    assert _decreasing(r["curve"])
+    assert r["entropy"] < r["after"] < r["before"]
+    assert 0.0 <= r["well_formed"] <= 1.0 and 0.0 <= r["capped"] <= 1.0
+    assert "well-formed" in out
+
+
+def test_td_none_equals_agenda_and_generation_terminates(td):
+    q = td.QUICK
+    pc = dx.ParameterCollection(seed=5)
+    model = td.TopDownTreeLSTM(pc, q["dim"], q["hidden"])
+    batch, _ = td.make_splits(3, 0, seed=5, max_depth=3)
+    _same(td.forward_values(model, batch, "none"), td.forward_values(model, batch, "agenda"))
+    # an untrained model wants to branch forever: the caps stop it, the same way under both
+    kw = dict(max_depth=3, max_children=3, max_nodes=12)
+    a, capped_a = model.generate(3, np.random.default_rng(0), autobatch="none", **kw)
+    b, capped_b = model.generate(3, np.random.default_rng(0), autobatch="agenda", **kw)
+    assert a == b and capped_a == capped_b
+    assert all(td.size(t) <= 12 and td.depth_of(t) <= 3 + 1 for t in a)  # + the virtual root

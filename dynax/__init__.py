@@ -10,7 +10,7 @@ from .errors import (DTypeError, DynaxError, IndexOutOfRangeError, NonScalarBack
                      ShapeError, StaleExpressionError)
 from .graph import ComputationGraph, Expression, current_graph, renew_cg
 from .nn import (AdagradTrainer, AdamTrainer, LookupParameter, MomentumSGDTrainer, Parameter,
-                 ParameterCollection, RMSPropTrainer, SimpleSGDTrainer, Trainer)
+                 ParameterCollection, RMSPropTrainer, SimpleSGDTrainer, Trainer, load, save)
 from .ops.core import (abs, add, affine_transform, average, binary_log_loss, cdiv, cmult,
                        concatenate, concatenate_cols, div, dot_product, dropout, emax, esum, exp,
                        hinge, input, log, log_softmax, logistic, lookup, matmul, mul, negate,

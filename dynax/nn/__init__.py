@@ -1,5 +1,7 @@
 """Parameters, trainers and builders (RNNs, Tree-LSTMs, softmaxes)."""
 from .parameters import LookupParameter, Parameter, ParameterCollection
+from .flax_interop import FlaxBlock, from_flax  # after .parameters: that import sets up ops/graph
+from .persistence import load, save
 from .rnn import BiRNNBuilder, GRUBuilder, LSTMBuilder, RNNState, SimpleRNNBuilder
 from .softmax import ClassFactoredSoftmaxBuilder, StandardSoftmaxBuilder
 from .trainers import (AdagradTrainer, AdamTrainer, MomentumSGDTrainer, RMSPropTrainer,
@@ -10,4 +12,4 @@ __all__ = ["LookupParameter", "Parameter", "ParameterCollection", "Trainer", "Si
            "AdagradTrainer", "MomentumSGDTrainer", "RMSPropTrainer",
            "AdamTrainer", "SimpleRNNBuilder", "LSTMBuilder", "GRUBuilder", "BiRNNBuilder",
            "RNNState", "TreeLSTMBuilder", "ChildSumTreeLSTMBuilder", "StandardSoftmaxBuilder",
-           "ClassFactoredSoftmaxBuilder"]
+           "ClassFactoredSoftmaxBuilder", "FlaxBlock", "from_flax", "save", "load"]

@@ -1,9 +1,17 @@
 """Saving and restoring parameter values: NumPy ``.npz`` files, written atomically.
 
-The file holds one array per parameter (keyed by its name relative to the collection) and a
-``__dynax_format__`` entry. A save goes to a temporary file in the same folder and is renamed
-over the target, so an interrupted save leaves the previous file intact. ``populate`` checks
-every name and shape before it changes anything.
+Two entry points share one file format:
+
+* ``pc.save(path)`` / ``pc.populate(path)``: one collection, keys are parameter names relative
+  to the collection.
+* ``dx.save(path, objects)`` / ``dx.load(path, target)``: DyNet's form, for a list of
+  collections, builders and parameters. Object ``i``'s parameters are keyed
+  ``"i:<name relative to the object's collection>"``, and two manifest arrays record, per
+  object, the name prefix of its collection and its class name.
+
+Every file has a ``__dynax_format__`` entry. A save goes to a temporary file in the same folder
+and is renamed over the target, so an interrupted save leaves the previous file intact. A load
+reads and checks every name and shape before it changes anything.
 """
 from __future__ import annotations
 
@@ -15,11 +23,18 @@ import numpy as np
 
 FORMAT_VERSION = 1
 FORMAT_KEY = "__dynax_format__"
+OBJECTS_KEY = "__dynax_objects__"  # per saved object: the name prefix of its collection
+KINDS_KEY = "__dynax_kinds__"  # per saved object: its class name (for error messages)
+SEP = ":"  # object index : relative name (":" cannot occur in a parameter name)
+COLLECTION = "ParameterCollection"  # the manifest's kind for a saved collection
 
 
-def save_parameters(params, path, strip: str = "") -> None:
+# ---- the file --------------------------------------------------------------------------------
+
+def _write_npz(arrays: dict, path) -> None:
+    """Write ``arrays`` (plus the format version) to ``path`` atomically."""
     path = os.fspath(path)
-    arrays = {p.name[len(strip):]: np.asarray(p.value) for p in params}
+    arrays = dict(arrays)
     arrays[FORMAT_KEY] = np.asarray(FORMAT_VERSION)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".dynax-", suffix=".tmp", dir=folder)
@@ -35,7 +50,7 @@ def save_parameters(params, path, strip: str = "") -> None:
         raise
 
 
-def load_arrays(path) -> dict:
+def load_arrays(path, who: str = "populate") -> dict:
     """All arrays of a dynax file; a clear ``ValueError`` if it is truncated or corrupt."""
     path = os.fspath(path)
     try:
@@ -44,27 +59,197 @@ def load_arrays(path) -> dict:
     except FileNotFoundError:
         raise
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
-        raise ValueError(f"populate: {path} is not a readable dynax parameter file "
+        raise ValueError(f"{who}: {path} is not a readable dynax parameter file "
                          f"(truncated or corrupt): {e}") from None
     version = arrays.pop(FORMAT_KEY, None)
-    if version is None or int(version) != FORMAT_VERSION:
-        raise ValueError(f"populate: {path} has format version {version}, "
+    if version is None or version.shape != () or int(version) != FORMAT_VERSION:
+        raise ValueError(f"{who}: {path} has format version {version}, "
                          f"expected {FORMAT_VERSION}")
     return arrays
 
 
+def _read_objects(path, who: str) -> list[tuple[str, str, dict]]:
+    """Per saved object: ``(collection prefix, class name, {relative name: array})``.
+
+    A file written by ``pc.save`` reads as one ``ParameterCollection`` with prefix ``""``."""
+    arrays = load_arrays(path, who)
+    if OBJECTS_KEY not in arrays:
+        return [("", COLLECTION, arrays)]
+    prefixes, kinds = arrays.pop(OBJECTS_KEY), arrays.pop(KINDS_KEY, None)
+    if (prefixes.ndim != 1 or prefixes.dtype.kind != "U" or kinds is None
+            or kinds.shape != prefixes.shape or kinds.dtype.kind != "U"):
+        raise ValueError(f"{who}: {path} has a corrupt object manifest")
+    objects = [(str(p), str(k), {}) for p, k in zip(prefixes.tolist(), kinds.tolist())]
+    for key, a in arrays.items():
+        index, sep, rel = key.partition(SEP)
+        if not sep or not index.isdigit() or int(index) >= len(objects):
+            raise ValueError(f"{who}: {path} holds an entry {key!r} that belongs to no saved "
+                             f"object (the file is corrupt)")
+        objects[int(index)][2][rel] = a
+    return objects
+
+
+def _full_names(objects, prefix: str) -> dict:
+    """``{full parameter name: array}`` for restoring into the collection with ``prefix``.
+
+    A saved collection maps onto that collection itself (names relative to it); saved
+    builders and parameters keep the full names they were built with."""
+    return {(prefix if kind == COLLECTION else saved) + rel: a
+            for saved, kind, arrays in objects for rel, a in arrays.items()}
+
+
+def _stage(staged, p, name, a, path, who):
+    if a.dtype.kind not in "fiub":  # set_value would fail half-way through the commit
+        raise ValueError(f"{who}: {path} holds a {a.dtype} array for parameter {name!r}")
+    if tuple(a.shape) != p.shape:
+        raise ValueError(f"{who}: parameter {name!r} has shape {p.shape} but {path} holds "
+                         f"shape {tuple(a.shape)}")
+    staged.append((p, a))
+
+
+def _commit(staged) -> None:
+    for p, a in staged:  # every check passed: only now change values
+        p.set_value(a)
+
+
+# ---- one collection (pc.save / pc.populate) --------------------------------------------------
+
+def save_parameters(params, path, strip: str = "") -> None:
+    """Write ``params`` keyed by their names with the prefix ``strip`` removed."""
+    _write_npz({p.name[len(strip):]: np.asarray(p.value) for p in params}, path)
+
+
 def populate_parameters(params, path, strip: str = "") -> None:
-    arrays = load_arrays(path)
+    """Restore each of ``params`` (a collection's, whose names start with ``strip``).
+
+    Reads files of ``pc.save`` and of ``dx.save`` (matched as ``dx.load`` into a collection
+    does). Entries of the file that no parameter asks for are ignored."""
+    path = os.fspath(path)
+    arrays = _full_names(_read_objects(path, "populate"), strip)
     staged = []
     for p in params:
-        key = p.name[len(strip):]
-        if key not in arrays:
-            raise ValueError(f"populate: {path} has no parameter named {key!r} "
-                             f"(it has {sorted(arrays)[:10]})")
-        a = arrays[key]
-        if tuple(a.shape) != p.shape:
-            raise ValueError(f"populate: parameter {key!r} has shape {p.shape} but the file "
-                             f"holds {tuple(a.shape)}")
-        staged.append((p, a))
-    for p, a in staged:  # all checks passed: now change the values
-        p.set_value(a)
+        if p.name not in arrays:
+            raise ValueError(f"populate: {path} has no parameter named "
+                             f"{p.name[len(strip):]!r} (it has "
+                             f"{sorted(k[len(strip):] for k in arrays)[:10]})")
+        _stage(staged, p, p.name[len(strip):], arrays[p.name], path, "populate")
+    _commit(staged)
+
+
+# ---- lists of objects (dx.save / dx.load) ----------------------------------------------------
+
+def _object_parameters(obj, who: str):
+    """``(collection prefix, parameters)`` of a collection, a builder or a parameter."""
+    from .parameters import Parameter, ParameterCollection
+    if isinstance(obj, ParameterCollection):
+        return obj._prefix, obj.parameters()
+    if isinstance(obj, Parameter):
+        return obj.name, [obj]  # its relative name is ""
+    getter = getattr(obj, "param_collection", None)
+    if callable(getter):
+        pc = getter()
+        return pc._prefix, pc.parameters()
+    raise TypeError(f"{who}: cannot save or load a {type(obj).__name__}; expected a "
+                    "ParameterCollection, a Parameter or a builder with param_collection()")
+
+
+def save(path, objects) -> None:
+    """Save the parameter values of ``objects`` to ``path`` (DyNet's ``dy.save``).
+
+    Args:
+      path: the file to write (``.npz``; written to a temporary file, then renamed over
+        ``path``, so an interrupted save never leaves a half-written file).
+      objects: a list of ``ParameterCollection``s, builders (anything with
+        ``param_collection()``: ``LSTMBuilder``, ``BiRNNBuilder``, ``TreeLSTMBuilder``,
+        ``StandardSoftmaxBuilder``, ``dx.nn.from_flax`` blocks, ...) and ``Parameter``s, or
+        one such object.
+
+    Example::
+
+        dx.save("model.npz", [lstm, softmax])    # or dx.save("model.npz", [pc])
+        # later, after building lstm2 and softmax2 exactly as before:
+        dx.load("model.npz", [lstm2, softmax2])  # or dx.load("model.npz", pc2)
+    """
+    if not isinstance(objects, (list, tuple)):
+        objects = [objects]
+    if not objects:
+        raise ValueError("save: no objects given")
+    from .parameters import ParameterCollection
+    arrays, prefixes, kinds = {}, [], []
+    for i, obj in enumerate(objects):
+        prefix, params = _object_parameters(obj, "save")
+        prefixes.append(prefix)
+        kinds.append(COLLECTION if isinstance(obj, ParameterCollection) else type(obj).__name__)
+        for p in params:
+            arrays[f"{i}{SEP}{p.name[len(prefix):]}"] = np.asarray(p.value)
+    arrays[OBJECTS_KEY] = np.asarray(prefixes, dtype=str)
+    arrays[KINDS_KEY] = np.asarray(kinds, dtype=str)
+    _write_npz(arrays, path)
+
+
+def load(path, target):
+    """Restore values saved by ``dx.save`` into identically built objects; returns ``target``.
+
+    dynax builders are plain Python objects, so (unlike DyNet's ``dy.load``) ``load`` does not
+    construct them: build the model as before, then load into it, in one of two ways:
+
+    * ``target`` a list (or one object) of collections, builders and parameters, in the order
+      given to ``save``: object ``i`` must have exactly the parameters (names relative to its
+      own collection, and shapes) that saved object ``i`` had. The objects may live anywhere,
+      e.g. in a fresh collection of a different name.
+    * ``target`` a ``ParameterCollection`` (DyNet's ``dy.load(path, pc)``): a saved
+      collection is restored into ``target`` itself (by names relative to each), saved builders
+      and parameters into the parameters of ``target``'s model that have the full names they
+      had when saved (``lstm/Wx0``), so build them the same way in the same order.
+      ``target`` may hold more parameters; those are left alone. Files of ``pc.save`` load
+      this way too, and ``pc.populate`` reads files of ``dx.save`` the same way.
+
+    Raises ``ValueError`` naming the parameter, the shapes and the file on a missing or extra
+    name, a shape mismatch, a different number of objects, or a truncated or corrupt file;
+    nothing is changed then. ``FileNotFoundError`` if ``path`` does not exist.
+
+    So ``lstm, softmax = dx.load("model.npz", [lstm, softmax])`` reads as in DyNet.
+    """
+    from .parameters import ParameterCollection
+    path = os.fspath(path)
+    objects = _read_objects(path, "load")
+    staged = []
+    if isinstance(target, ParameterCollection):
+        names = target._root._names
+        for name, a in sorted(_full_names(objects, target._prefix).items()):
+            p = names.get(name)
+            if p is None:
+                raise ValueError(f"load: {path} holds parameter {name!r} but the collection "
+                                 f"has no parameter of that name "
+                                 f"(it has {[q.name for q in target.parameters()][:10]})")
+            _stage(staged, p, name, a, path, "load")
+    else:
+        targets = list(target) if isinstance(target, (list, tuple)) else [target]
+        if len(targets) != len(objects):
+            raise ValueError(f"load: {path} holds {len(objects)} object(s) "
+                             f"({', '.join(k for _, k, _ in objects)}) but {len(targets)} "
+                             "object(s) were given")
+        for i, (obj, (_, kind, arrays)) in enumerate(zip(targets, objects)):
+            prefix, params = _object_parameters(obj, "load")
+            mine = {p.name[len(prefix):]: p for p in params}
+            extra = sorted(set(mine) - set(arrays))
+            if extra:
+                raise ValueError(f"load: {type(obj).__name__} (object {i}) has parameter "
+                                 f"{mine[extra[0]].name!r} but the {kind} saved as object {i} "
+                                 f"in {path} has no {extra[0]!r} (it has {sorted(arrays)[:10]})")
+            missing = sorted(set(arrays) - set(mine))
+            if missing:
+                raise ValueError(f"load: the {kind} saved as object {i} in {path} has "
+                                 f"parameter {missing[0]!r} but the {type(obj).__name__} given "
+                                 f"as object {i} has none of that name "
+                                 f"(it has {sorted(mine)[:10]})")
+            try:
+                for rel, p in mine.items():
+                    _stage(staged, p, p.name, arrays[rel], path, "load")
+            except ValueError as e:
+                if kind == type(obj).__name__:
+                    raise
+                raise ValueError(f"{e} (object {i} was saved from a {kind} but is loaded into "
+                                 f"a {type(obj).__name__})") from None
+    _commit(staged)
+    return target

@@ -1,0 +1,282 @@
+"""Flax modules as dynax blocks: ``dx.nn.from_flax``.
+
+A Flax module written for ONE example (no batch dimension) becomes a callable whose every
+call adds ONE node to the current graph. The block is a ``@dx.function`` over
+``(inputs..., parameter leaves...)``: the module's parameter pytree is flattened into a fixed
+list of dynax ``Parameter``s (shared arguments: one copy serves the whole batch, and their
+gradients are summed over it), and unflattened inside the function before ``module.apply``.
+So calls from many instances batch into one vmapped kernel, gradients flow through
+``jax.vjp`` of that kernel, and a ``dx.Trainer`` over the collection updates the Flax weights.
+"""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import ShapeError
+from ..graph.expression import Expression
+from ..ops import core as ops
+from ..ops.core import atomic
+from ..ops.function import Function
+from .rnn import _fresh_subcollection
+
+
+def _key_name(k) -> str | None:
+    """One component of a parameter name from one step of a pytree path."""
+    tu = jax.tree_util
+    if isinstance(k, tu.DictKey):
+        s = str(k.key)
+    elif isinstance(k, tu.GetAttrKey):
+        if k.name == "value":  # nnx: the array inside a Variable, not a level of the model
+            return None
+        s = k.name
+    elif isinstance(k, tu.SequenceKey):
+        s = str(k.idx)
+    elif isinstance(k, tu.FlattenedIndexKey):
+        s = str(k.key)
+    else:
+        s = str(k)
+    return re.sub(r"[^\w.-]", "_", s) or "_"  # dynax names allow only letters, digits _ . / -
+
+
+def _path_name(path) -> str:
+    parts = [n for n in map(_key_name, path) if n is not None]
+    return "/".join(parts) if parts else "param"
+
+
+def _as_example(x, i):
+    arr = np.asarray(x)
+    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"from_flax: example input {i} has dtype {arr.dtype}; dynax values "
+                         "are float32 arrays")
+    return arr.astype(np.float32)
+
+
+def _unflattener(treedef, shapes, dtypes):
+    """Parameter leaves (as stored in dynax) -> the Flax parameter tree."""
+    def unflatten(leaves):
+        leaves = [jnp.reshape(a, s).astype(d)  # scalars are stored as (1,); dtypes restored
+                  for a, s, d in zip(leaves, shapes, dtypes)]
+        return jax.tree_util.tree_unflatten(treedef, leaves)
+    return unflatten
+
+
+def _block_function(call, unflatten, n_in, n_out, label) -> Function:
+    """The single-instance ``(inputs..., parameter leaves...) -> output leaves`` as a node type."""
+    def apply(*args):
+        outs = jax.tree_util.tree_leaves(call(unflatten(args[n_in:]), args[:n_in]))
+        outs = [o.astype(jnp.float32) for o in outs]  # dynax values are float32
+        return outs[0] if n_out == 1 else tuple(outs)
+
+    apply.__qualname__ = apply.__name__ = f"flax:{label}"
+    return Function(apply)
+
+
+# Blocks of equal linen modules with the same parameter layout share one Function, hence
+# their compiled kernels (as builders share their cells): a second identical block or a
+# rebuilt model compiles nothing new.
+_SHARED_FUNCTIONS: dict = {}
+
+
+_jitted_init = jax.jit(lambda module, key, *xs: module.init(key, *xs), static_argnums=0)
+
+
+def _init(module, key, *xs):
+    """``module.init`` as one compiled program (eagerly it compiles op by op), cached for
+    equal modules; modules with unhashable fields get a one-off ``jax.jit``."""
+    try:
+        hash(module)
+    except TypeError:
+        return jax.jit(module.init)(key, *xs)
+    return _jitted_init(module, key, *xs)
+
+
+class FlaxBlock:
+    """A Flax module applied per instance as one graph node per call (see ``from_flax``).
+
+    Attributes:
+      module: the Flax module.
+      pc: the subcollection holding its parameters (named after the module).
+      params: its dynax ``Parameter``s, in the order of the flattened Flax parameter tree.
+      input_shapes: the shape of each input of a single example.
+      output_shapes: the shape of each array the module returns, in flattened order.
+    """
+
+    def __init__(self, module, pc, params, fn, unflatten, input_shapes, out_treedef,
+                 out_shapes):
+        self.module = module
+        self.pc = pc
+        self.params = params
+        self.input_shapes = input_shapes
+        self.output_shapes = out_shapes
+        self._fn, self._unflatten, self._out_treedef = fn, unflatten, out_treedef
+
+    @atomic  # a failed call leaves no constants behind in the graph
+    def __call__(self, *inputs):
+        """The module's output for one example: Expression(s) in the module's output structure.
+
+        Each input is an Expression (or an array, taken as a constant) of the shape of the
+        corresponding example input given to ``from_flax``."""
+        who = self._fn.op.name
+        if len(inputs) != len(self.input_shapes):
+            raise ValueError(f"{who}: expected {len(self.input_shapes)} input(s), "
+                             f"got {len(inputs)}")
+        xs = []
+        for i, (x, shape) in enumerate(zip(inputs, self.input_shapes)):
+            x = x if isinstance(x, Expression) else ops.input(x)
+            if tuple(x.shape) != shape:
+                raise ShapeError(f"{who}: input {i} has shape {tuple(x.shape)}, expected "
+                                 f"{shape} (the example input's; one example, no batch "
+                                 "dimension)")
+            xs.append(x)
+        out = self._fn(*xs, *self.params)
+        outs = out if len(self.output_shapes) > 1 else (out,)
+        return jax.tree_util.tree_unflatten(self._out_treedef, list(outs))
+
+    def param_collection(self):
+        """The subcollection holding this block's parameters (for ``dx.save``/``dx.load``)."""
+        return self.pc
+
+    def flax_params(self):
+        """The module's parameter pytree with the current dynax values.
+
+        linen: ``module.apply({"params": block.flax_params()}, x)``; nnx: an ``nnx.State``,
+        for ``nnx.update(module, block.flax_params())``."""
+        return self._unflatten([p.value for p in self.params])
+
+    def __repr__(self):
+        return (f"FlaxBlock({type(self.module).__name__}, inputs={self.input_shapes}, "
+                f"parameters={len(self.params)})")
+
+
+def from_flax(module, pc, example_input, name: str | None = None, rng=None) -> FlaxBlock:
+    """Wrap a Flax module as a dynax block: one graph node per call, batched by dynax.
+
+    Args:
+      module: a ``flax.linen.Module`` (initialised here with ``module.init(rng,
+        example_input)``) or a ``flax.nnx.Module`` (already holding its parameters; its
+        ``nnx.Param`` values are copied). It must work on ONE example without a batch
+        dimension (dynax batches with ``vmap``) and be deterministic when applied (use
+        ``dx.dropout`` outside it instead of Flax dropout).
+      pc: the ``ParameterCollection`` that gets a subcollection, named after the module (or
+        ``name``), with one parameter per leaf of the Flax parameter tree, named by its path
+        (``Dense_0/kernel``). Training the collection trains the module's weights.
+      example_input: one example: an array, or a tuple of arrays for a module taking several
+        positional inputs. Calls must give inputs of these shapes.
+      name: the subcollection's name (default: the module's class name); made unique with
+        ``_1``, ``_2``, ... as builders do when the collection already has one of that name.
+      rng: the ``jax.random`` key for ``module.init`` (default: the next key of ``pc``, so a
+        collection's seed fixes the initial weights).
+
+    Returns:
+      A ``FlaxBlock``: ``block(x)`` returns the module's output as Expressions (one, or the
+      module's output structure holding several). Variables other than parameters (linen
+      collections other than ``"params"``, nnx state other than ``nnx.Param``) are held
+      constant. The dynax parameters are the trained copy: ``block.flax_params()`` gives
+      them back in Flax's layout (for nnx, ``nnx.update(module, block.flax_params())``).
+      Parameters and values are float32 in dynax (other float dtypes are cast back inside
+      the module). Blocks of equal linen modules share their compiled kernels.
+
+    Raises:
+      ValueError: the module fails on the example input (e.g. an example given with a batch
+        dimension), or has non-float parameters or outputs. Calling the block with inputs of
+        other shapes than the example's raises ``dx.ShapeError`` (a ``ValueError``).
+
+    Example (``examples/flax_block.py`` trains one on variable-size bags of points)::
+
+        import flax.linen as nn
+        class MLP(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                return nn.Dense(2)(nn.tanh(nn.Dense(16)(x)))
+
+        pc = dx.ParameterCollection(seed=0)
+        mlp = dx.nn.from_flax(MLP(), pc, np.zeros(4, np.float32))  # params in pc["MLP/..."]
+        trainer = dx.AdamTrainer(pc, alpha=1e-2)
+        dx.renew_cg()
+        loss = dx.esum([dx.pickneglogsoftmax(mlp(dx.input(x)), y) for x, y in data])
+        loss.backward(); trainer.update()       # the MLP calls ran as one batched kernel
+    """
+    import flax.linen as linen
+    from flax import nnx
+
+    examples = example_input if isinstance(example_input, tuple) else (example_input,)
+    if not examples:
+        raise ValueError("from_flax: example_input is an empty tuple; give one example")
+    examples = tuple(_as_example(x, i) for i, x in enumerate(examples))
+    shapes = ", ".join(str(x.shape) for x in examples)
+    kind = type(module).__name__
+
+    if isinstance(module, linen.Module):
+        key = pc._next_key() if rng is None else rng
+        try:
+            variables = _init(module, key, *examples)
+        except Exception as e:
+            raise ValueError(f"from_flax: {kind}.init failed on an example input of shape "
+                             f"{shapes} (one example, no batch dimension): "
+                             f"{type(e).__name__}: {e}") from e
+        variables = dict(variables)
+        params = variables.pop("params", {})
+        constants = variables  # other collections (e.g. batch_stats) are held constant
+
+        def call(tree, xs):
+            return module.apply({**constants, "params": tree}, *xs)
+        default_name = module.name or kind
+    elif isinstance(module, nnx.Module):
+        graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+
+        def call(tree, xs):
+            return nnx.merge(graphdef, tree, rest)(*xs)
+        default_name, constants = kind, None
+    else:
+        raise TypeError(f"from_flax: expected a flax.linen or flax.nnx Module, got {kind}")
+
+    path_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    leaves = [leaf for _, leaf in path_leaves]
+    for path, leaf in path_leaves:
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+            raise ValueError(f"from_flax: parameter {_path_name(path)!r} of {kind} has dtype "
+                             f"{jnp.result_type(leaf)}; only floating parameters are trainable")
+    try:
+        out = jax.eval_shape(lambda *xs: call(jax.tree_util.tree_unflatten(treedef, leaves),
+                                              xs), *examples)
+    except Exception as e:
+        raise ValueError(f"from_flax: {kind} failed on an example input of shape {shapes} "
+                         f"(one example, no batch dimension): {type(e).__name__}: {e}") from e
+    out_leaves, out_treedef = jax.tree_util.tree_flatten(out)
+    if not out_leaves:
+        raise ValueError(f"from_flax: {kind} returned no arrays")
+    for o in out_leaves:
+        if not jnp.issubdtype(o.dtype, jnp.floating):
+            raise ValueError(f"from_flax: {kind} returns a {o.dtype} array; dynax values are "
+                             "float32")
+
+    input_shapes = tuple(x.shape for x in examples)
+    leaf_shapes = tuple(np.shape(leaf) for leaf in leaves)
+    leaf_dtypes = tuple(jnp.result_type(leaf) for leaf in leaves)
+    unflatten = _unflattener(treedef, leaf_shapes, leaf_dtypes)
+    share = None
+    if isinstance(module, linen.Module) and not constants:
+        share = (module, treedef, leaf_shapes, tuple(map(str, leaf_dtypes)), input_shapes)
+        try:
+            hash(share)
+        except TypeError:  # a module with unhashable fields gets its own Function
+            share = None
+    fn = _SHARED_FUNCTIONS.get(share) if share is not None else None
+    if fn is None:
+        fn = _block_function(call, unflatten, len(examples), len(out_leaves), default_name)
+        if share is not None:
+            _SHARED_FUNCTIONS[share] = fn
+
+    sub = _fresh_subcollection(pc, name or default_name)
+    dparams = []
+    for path, leaf in path_leaves:
+        value = np.asarray(leaf, np.float32)
+        dparams.append(sub.add_parameters(value.shape or (1,), init=value.reshape(-1)
+                                          if value.shape == () else value,
+                                          name=_path_name(path)))
+    return FlaxBlock(module, sub, dparams, fn, unflatten, input_shapes, out_treedef,
+                     [tuple(o.shape) for o in out_leaves])

@@ -1,0 +1,218 @@
+"""``dx.nn.from_flax``: Flax modules as one batched graph node per call.
+
+Values and parameter gradients of a block inside a dynax graph are compared with plain JAX
+(``module.apply`` and ``jax.grad`` over the same parameter tree) under every strategy.
+"""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import dynax as dx
+
+TOL = dict(rtol=1e-5, atol=1e-6)
+IN, OUT, N = 4, 3, 6
+RNG = np.random.default_rng(0)
+XS = RNG.standard_normal((N, IN)).astype(np.float32)
+YS = [i % OUT for i in range(N)]
+
+
+class MLP(nn.Module):
+    hidden: int = 8
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(OUT)(nn.tanh(nn.Dense(self.hidden)(x)))
+
+
+class TwoHeads(nn.Module):
+    """Two inputs, two outputs (a dict), to check structure in and out."""
+
+    @nn.compact
+    def __call__(self, x, h):
+        z = nn.tanh(nn.Dense(IN)(x) + h)
+        return {"logits": nn.Dense(OUT, use_bias=False)(z), "state": z}
+
+
+PC = dx.ParameterCollection(seed=0)
+MODULE = MLP()
+BLOCK = dx.nn.from_flax(MODULE, PC, np.zeros(IN, np.float32))
+# references are jitted: eagerly, Flax compiles op by op (seconds per test)
+mlp_apply = jax.jit(lambda params, x: MODULE.apply({"params": params}, x))
+
+
+@jax.jit
+def _reference(params):
+    """Outputs, loss and loss gradient in plain JAX (jitted: one compile, not one per op)."""
+    def loss(params):
+        logits = jax.vmap(lambda x: MODULE.apply({"params": params}, x))(XS)
+        return -jnp.sum(jax.nn.log_softmax(logits)[jnp.arange(N), jnp.asarray(YS)]), logits
+    (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return logits, value, grads
+
+
+def test_parameters_are_named_by_flax_path_and_initialised_by_init():
+    names = [p.name for p in BLOCK.params]
+    assert names == ["MLP/Dense_0/bias", "MLP/Dense_0/kernel",
+                     "MLP/Dense_1/bias", "MLP/Dense_1/kernel"]
+    assert PC["MLP/Dense_0/kernel"] is BLOCK.params[1]
+    key = jax.random.PRNGKey(7)
+    block = dx.nn.from_flax(MODULE, dx.ParameterCollection(), XS[0], rng=key)
+    want = jax.tree_util.tree_leaves(jax.jit(MODULE.init)(key, XS[0])["params"])
+    for p, leaf in zip(block.params, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(p.value), np.asarray(leaf), err_msg=p.name)
+
+
+@pytest.mark.parametrize("strategy", ["none", "depth", "agenda"])
+def test_values_and_gradients_match_plain_jax(strategy):
+    for p in PC.parameters():
+        p.zero_grad()
+    cg = dx.renew_cg(autobatch=strategy)
+    xs = [dx.input(x) for x in XS]
+    before = cg.stats()["nodes"]
+    outs = [BLOCK(x) for x in xs]
+    assert cg.stats()["nodes"] - before == N  # one node per call
+    loss = dx.esum([dx.pickneglogsoftmax(o, y) for o, y in zip(outs, YS)])
+    loss.backward()
+
+    logits, value, grads = _reference(BLOCK.flax_params())
+    for o, want in zip(outs, np.asarray(logits), strict=True):
+        np.testing.assert_allclose(o.npvalue(), want, **TOL)
+    np.testing.assert_allclose(loss.scalar_value(), float(value), **TOL)
+    grads = jax.tree_util.tree_leaves(grads)
+    for p, g in zip(BLOCK.params, grads, strict=True):
+        assert np.abs(np.asarray(g)).max() > 0, p.name  # the check below is not vacuous
+        np.testing.assert_allclose(np.asarray(p.grad), np.asarray(g), err_msg=p.name, **TOL)
+    if strategy != "none":  # all six calls ran as one kernel
+        assert cg.stats()["batches"] < cg.stats()["nodes"] - N + 1
+
+
+def test_several_inputs_and_structured_outputs():
+    pc = dx.ParameterCollection(seed=1)
+    module = TwoHeads()
+    x0, h0 = np.zeros(IN, np.float32), np.zeros(IN, np.float32)
+    block = dx.nn.from_flax(module, pc, (x0, h0), name="heads")
+    assert [p.name for p in pc.parameters()] == [
+        "heads/Dense_0/bias", "heads/Dense_0/kernel", "heads/Dense_1/kernel"]
+    dx.renew_cg(autobatch="agenda")
+    outs = [block(dx.input(x), dx.input(XS[-1 - i])) for i, x in enumerate(XS[:3])]
+    assert set(outs[0]) == {"logits", "state"}
+    dx.forward([o["logits"] for o in outs])
+    apply = jax.jit(module.apply)
+    for i, o in enumerate(outs):
+        want = apply({"params": block.flax_params()}, XS[i], XS[-1 - i])
+        for k in ("logits", "state"):
+            np.testing.assert_allclose(o[k].npvalue(), np.asarray(want[k]), **TOL)
+
+
+def test_nnx_module_values_and_gradients():
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.a = nnx.Linear(IN, 5, rngs=rngs)
+            self.b = nnx.Linear(5, OUT, rngs=rngs)
+
+        def __call__(self, x):
+            return self.b(jnp.tanh(self.a(x)))
+
+    net = Net(nnx.Rngs(0))
+    pc = dx.ParameterCollection(seed=2)
+    block = dx.nn.from_flax(net, pc, np.zeros(IN, np.float32))
+    assert [p.name for p in pc.parameters()] == ["Net/a/bias", "Net/a/kernel",
+                                                 "Net/b/bias", "Net/b/kernel"]
+    dx.renew_cg(autobatch="agenda")
+    outs = [block(dx.input(x)) for x in XS]
+    dx.esum([dx.sum_elems(o) for o in outs]).backward()
+    want = np.asarray(nnx.jit(nnx.vmap(lambda m, x: m(x), in_axes=(None, 0)))(net, XS))
+    for o, w in zip(outs, want, strict=True):
+        np.testing.assert_allclose(o.npvalue(), w, **TOL)
+    graphdef, state = nnx.split(net, nnx.Param)
+
+    @jax.jit
+    def ref_grad(state):
+        return jax.grad(lambda s: jnp.sum(jax.vmap(nnx.merge(graphdef, s))(XS)))(state)
+    grads = jax.tree_util.tree_leaves(ref_grad(state))
+    for p, g in zip(block.params, grads, strict=True):
+        np.testing.assert_allclose(np.asarray(p.grad), np.asarray(g), err_msg=p.name, **TOL)
+    # new dynax values go back into the nnx module in its own layout
+    for p in block.params:
+        p.set_value(np.asarray(p.value) * 0.5)
+    nnx.update(net, block.flax_params())
+    np.testing.assert_allclose(np.asarray(net.b.kernel[...]),
+                               np.asarray(pc["Net/b/kernel"].value), **TOL)
+
+
+def test_trainer_updates_flax_parameters_and_lowers_the_loss():
+    pc = dx.ParameterCollection(seed=3)
+    block = dx.nn.from_flax(MLP(), pc, np.zeros(IN, np.float32))
+    start = {p.name: np.array(p.value) for p in block.params}
+    trainer = dx.Trainer(pc, optax.adam(0.1))
+    losses = []
+    for _ in range(15):
+        dx.renew_cg()
+        loss = dx.esum([dx.pickneglogsoftmax(block(dx.input(x)), y) for x, y in zip(XS, YS)])
+        losses.append(loss.scalar_value())
+        loss.backward()
+        trainer.update()
+    assert losses[-1] < 0.3 * losses[0], losses
+    for p in block.params:
+        assert not np.array_equal(np.asarray(p.value), start[p.name]), p.name
+    # the trained tree, in Flax's layout, gives Flax the block's outputs
+    dx.renew_cg()
+    x = XS[0]
+    np.testing.assert_allclose(
+        block(dx.input(x)).npvalue(),
+        np.asarray(mlp_apply(block.flax_params(), x)), **TOL)
+
+
+def test_wrong_input_shape_is_a_clear_error():
+    dx.renew_cg()
+    cg = dx.current_graph()
+    with pytest.raises(ValueError, match=r"input 0 has shape \(5,\), expected \(4,\)"):
+        BLOCK(np.zeros(5, np.float32))
+    assert cg.stats()["values"] == 0  # the failed call left no constant in the graph
+    with pytest.raises(ValueError, match="expected 1 input"):
+        BLOCK(dx.input(XS[0]), dx.input(XS[1]))
+
+    class Fixed(nn.Module):  # needs exactly 4 inputs: an example of another shape cannot work
+        @nn.compact
+        def __call__(self, x):
+            return self.param("W", nn.initializers.ones, (2, IN)) @ x
+
+    pc = dx.ParameterCollection()
+    with pytest.raises(ValueError, match=r"Fixed.init failed on an example input of shape "
+                                         r"\(2, 4\)"):
+        dx.nn.from_flax(Fixed(), pc, np.zeros((2, IN), np.float32))  # a batch by mistake
+    assert pc.parameters() == []
+    with pytest.raises(TypeError, match="flax"):
+        dx.nn.from_flax(lambda x: x, pc, np.zeros(IN))
+
+
+def test_block_saves_and_loads_with_dx_save(tmp_path):
+    pc = dx.ParameterCollection(seed=4)
+    block = dx.nn.from_flax(MLP(), pc, np.zeros(IN, np.float32))
+    dx.save(tmp_path / "mlp.npz", [BLOCK])
+    dx.load(tmp_path / "mlp.npz", [block])
+    for p, q in zip(BLOCK.params, block.params, strict=True):
+        np.testing.assert_array_equal(np.asarray(q.value), np.asarray(p.value))
+
+
+def test_equal_modules_share_compiled_kernels():
+    pc = dx.ParameterCollection(seed=5)
+    first = dx.nn.from_flax(MLP(), pc, np.zeros(IN, np.float32))
+    second = dx.nn.from_flax(MLP(), pc, np.zeros(IN, np.float32))
+    assert second.params[0].name == "MLP_1/Dense_0/bias"
+
+    def run(block):
+        cg = dx.renew_cg(autobatch="agenda")
+        outs = [block(dx.input(x)) for x in XS]
+        dx.esum([dx.pickneglogsoftmax(o, y) for o, y in zip(outs, YS)]).backward()
+        return cg.stats()["compiles"], outs[0].npvalue()
+
+    run(first)
+    compiles, out = run(second)
+    assert compiles == 0
+    np.testing.assert_allclose(
+        out, np.asarray(mlp_apply(second.flax_params(), XS[0])), **TOL)

@@ -1,0 +1,188 @@
+"""``dx.save`` / ``dx.load``: round trips of collections and builders, and failure modes."""
+import numpy as np
+import pytest
+
+import dynax as dx
+
+IN = HID = VOCAB = 4  # equal sizes: fewer distinct shapes to initialise and compile
+
+
+class Model:
+    """Embeddings, a 2-layer LSTM, a BiRNN, a Tree-LSTM and two softmaxes in one collection."""
+
+    def __init__(self, seed, pc=None):
+        self.pc = dx.ParameterCollection(seed=seed) if pc is None else pc
+        self.E = self.pc.add_lookup_parameters((VOCAB, IN), name="E")
+        self.lstm = dx.nn.LSTMBuilder(2, IN, HID, self.pc)
+        self.bi = dx.nn.BiRNNBuilder(1, IN, HID, self.pc, dx.nn.LSTMBuilder)
+        self.tree = dx.nn.TreeLSTMBuilder(IN, HID, self.pc)
+        self.sm = dx.nn.StandardSoftmaxBuilder(HID, VOCAB, self.pc)
+        self.cfsm = dx.nn.ClassFactoredSoftmaxBuilder(HID, [0, 0, 1, 1], self.pc)
+
+    def builders(self):
+        return [self.lstm, self.bi, self.tree, self.sm, self.cfsm]
+
+    def loss(self, words):
+        xs = [self.E[w] for w in words]
+        hs = self.lstm.initial_state().transduce(xs)
+        losses = [self.sm.neg_log_softmax(h, w) for h, w in zip(hs[:-1], words[1:])]
+        losses += [self.cfsm.neg_log_softmax(h, w) for h, w in zip(self.bi.transduce(xs), words)]
+        (hl, cl), (hr, cr) = self.tree.leaf(xs[0]), self.tree.leaf(xs[1])
+        h, _ = self.tree.compose((hl, cl), (hr, cr))
+        losses.append(self.sm.neg_log_softmax(h, words[2]))
+        return dx.esum(losses)
+
+
+def values(params):
+    return {p.name: np.array(p.value) for p in params}
+
+
+def assert_same(got, want):
+    assert list(got) == list(want)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def scramble(params):
+    """Shift every value (constant-initialised biases too) so that a load has work to do."""
+    for p in params:
+        p.set_value(np.asarray(p.value) + 0.5)
+
+
+def test_collection_round_trip_is_bit_exact(tmp_path):
+    a, b = Model(0), Model(1)
+    scramble(b.pc.parameters())
+    want = values(a.pc.parameters())
+    for k, v in values(b.pc.parameters()).items():
+        assert not np.array_equal(v, want[k]), k
+    path = tmp_path / "m.npz"
+    dx.save(path, [a.pc])
+    assert dx.load(path, b.pc) is b.pc
+    assert_same(values(b.pc.parameters()), want)
+
+
+def test_builders_round_trip_into_a_list(tmp_path):
+    a = Model(0)
+    # the new builders live elsewhere: in a subcollection of a collection with another seed
+    b = Model(1, dx.ParameterCollection(seed=1).add_subcollection("restored"))
+    scramble(b.pc.parameters())
+    path = tmp_path / "m.npz"
+    dx.save(path, a.builders())
+    E_before = np.array(b.E.value)
+    loaded = dx.load(path, b.builders())
+    assert loaded == b.builders()
+    for ba, bb in zip(a.builders(), b.builders()):
+        pa, pb = ba.param_collection().parameters(), bb.param_collection().parameters()
+        assert len(pa) == len(pb) > 0
+        for p, q in zip(pa, pb):
+            np.testing.assert_array_equal(np.asarray(q.value), np.asarray(p.value), err_msg=q.name)
+    np.testing.assert_array_equal(np.asarray(b.E.value), E_before)  # not saved: untouched
+
+
+def test_builders_saved_load_into_collection_by_name(tmp_path):
+    a, b = Model(0), Model(1)
+    scramble(b.pc.parameters())
+    path = tmp_path / "m.npz"
+    dx.save(path, [a.lstm, a.sm, a.E])
+    E_a = np.array(a.E.value)
+    tree_before = values(b.tree.param_collection().parameters())
+    dx.load(path, b.pc)
+    for x, y in [(a.lstm, b.lstm), (a.sm, b.sm)]:
+        assert_same(values(y.param_collection().parameters()),
+                    values(x.param_collection().parameters()))
+    np.testing.assert_array_equal(np.asarray(b.E.value), E_a)
+    assert_same(values(b.tree.param_collection().parameters()), tree_before)
+
+
+def test_files_interoperate_with_pc_save_and_populate(tmp_path):
+    a, b, c = Model(0), Model(1), Model(2)
+    scramble(b.pc.parameters() + c.pc.parameters())
+    dx.save(tmp_path / "dx.npz", [a.pc])
+    a.pc.save(tmp_path / "pc.npz")
+    c.pc.populate(tmp_path / "dx.npz")
+    dx.load(tmp_path / "pc.npz", b.pc)
+    want = values(a.pc.parameters())
+    assert_same(values(b.pc.parameters()), want)
+    assert_same(values(c.pc.parameters()), want)
+
+
+def test_subcollection_loads_into_a_subcollection_of_another_name(tmp_path):
+    a, b = dx.ParameterCollection(seed=0), dx.ParameterCollection(seed=1)
+    W = a.add_subcollection("enc").add_parameters((HID, HID), name="W")
+    other = b.add_parameters((HID, HID), name="other")
+    enc2 = b.add_subcollection("encoder")
+    W2 = enc2.add_parameters((HID, HID), name="W")
+    other_before = np.array(other.value)
+    path = tmp_path / "enc.npz"
+    dx.save(path, [a.add_subcollection("enc")])
+    dx.load(path, enc2)
+    np.testing.assert_array_equal(np.asarray(W2.value), np.asarray(W.value))
+    np.testing.assert_array_equal(np.asarray(other.value), other_before)
+    W2.set_value(np.zeros((HID, HID)))
+    enc2.populate(path)
+    np.testing.assert_array_equal(np.asarray(W2.value), np.asarray(W.value))
+
+
+@pytest.mark.parametrize("case", ["fewer_layers", "shape", "count", "collection_missing"])
+def test_mismatch_raises_and_changes_nothing(tmp_path, case):
+    a = Model(0)
+    path = tmp_path / "m.npz"
+    dx.save(path, [a.sm, a.lstm])
+    pc = dx.ParameterCollection(seed=5)
+    sm = dx.nn.StandardSoftmaxBuilder(HID, VOCAB, pc)  # fits: staged before the failure
+    if case == "fewer_layers":
+        target, match = [sm, dx.nn.LSTMBuilder(1, IN, HID, pc)], "parameter 'W[xh]1'"
+    elif case == "shape":
+        target, match = [sm, dx.nn.LSTMBuilder(2, IN, HID + 2, pc)], r"Wx0.*\(24, 4\).*\(16, 4\)"
+    elif case == "count":
+        target, match = [sm], "2 object"
+    else:  # a collection without the saved LSTM
+        target, match = pc, "parameter 'lstm/W[xh]0'"
+    before = values(pc.parameters())
+    with pytest.raises(ValueError, match=match) as err:
+        dx.load(path, target)
+    assert "m.npz" in str(err.value)
+    assert_same(values(pc.parameters()), before)
+
+
+def test_truncated_or_corrupt_file_raises_and_changes_nothing(tmp_path):
+    a, b = Model(0), Model(1)
+    path = tmp_path / "m.npz"
+    dx.save(path, a.builders())
+    data = path.read_bytes()
+    before = values(b.pc.parameters())
+    for bad in (data[: len(data) // 2], data[:-40], b"not a zip file"):
+        path.write_bytes(bad)
+        with pytest.raises(ValueError, match="truncated or corrupt"):
+            dx.load(path, b.builders())
+    assert_same(values(b.pc.parameters()), before)
+    with pytest.raises(FileNotFoundError):
+        dx.load(tmp_path / "absent.npz", b.pc)
+
+
+def test_failed_save_leaves_the_previous_file(tmp_path):
+    a, b = Model(0), Model(1)
+    path = tmp_path / "m.npz"
+    dx.save(path, [a.pc])
+    with pytest.raises(TypeError, match="str"):
+        dx.save(path, [b.pc, "not a model"])
+    dx.load(path, b.pc)
+    assert_same(values(b.pc.parameters()), values(a.pc.parameters()))
+    assert [f.name for f in tmp_path.iterdir()] == ["m.npz"]  # no temporary file left
+
+
+@pytest.mark.parametrize("strategy", ["none", "agenda"])
+def test_loaded_model_gives_identical_loss(tmp_path, strategy):
+    a, b = Model(0), Model(1)
+    words = [1, 3, 0, 2, 3]
+
+    def loss(model):
+        dx.renew_cg(autobatch=strategy)
+        return model.loss(words).scalar_value()
+
+    want = loss(a)
+    assert loss(b) != want
+    path = tmp_path / "m.npz"
+    dx.save(path, [a.E] + a.builders())
+    dx.load(path, [b.E] + b.builders())
+    assert loss(b) == want

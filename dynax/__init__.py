@@ -6,8 +6,9 @@ run together, ``executor`` runs each batch as one cached, jitted, vmapped XLA ke
 """
 from . import nn
 from .device import get_device, set_device
-from .errors import (DTypeError, DynaxError, IndexOutOfRangeError, NonScalarBackwardError,
-                     ShapeError, StaleExpressionError)
+from .errors import (ArgumentTypeError, DTypeError, DynaxError, IndexOutOfRangeError,
+                     InvalidArgumentError, NonScalarBackwardError, ShapeError,
+                     StaleExpressionError)
 from .graph import ComputationGraph, Expression, current_graph, renew_cg
 from .nn import (AdagradTrainer, AdamTrainer, LookupParameter, MomentumSGDTrainer, Parameter,
                  ParameterCollection, RMSPropTrainer, SimpleSGDTrainer, Trainer, load, save)
@@ -22,8 +23,14 @@ from .ops.function import Function, function
 def forward(exprs) -> None:
     """Compute a list of expressions together (one autobatched pass over what is pending)."""
     exprs = list(exprs)
+    for e in exprs:
+        if not isinstance(e, Expression):
+            raise ArgumentTypeError(f"forward: expected Expressions, got {type(e).__name__}")
+        e.g.check_alive()
     if exprs:
-        exprs[0].g.forward_to(max(e.v for e in exprs))
+        # their values are also copied to the host together, so reading each one after
+        # this (``e.npvalue()``, ``e.value()``) is a host-side lookup, not a device round trip
+        exprs[0].g.fetch([e.v for e in exprs])
 
 
 def release_memory() -> None:

@@ -571,3 +571,36 @@ def test_backward_of_part_of_a_batch(strategy):
     if strategy != "none":
         assert cg.stats()["batches"] < cg.stats()["nodes"]
     A.zero_grad()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_forward_fetches_values_together(strategy):
+    """dx.forward copies the listed values to the host together (one gather per shape);
+    reads after it equal one-by-one reads, for every shape including 0-d, and reading a
+    value computed by a later forward still works."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 4), name="W")
+    xs = [np.full(4, i / 7, np.float32) for i in range(11)]
+
+    def build():
+        hs = [dx.tanh(W @ dx.input(x)) for x in xs]
+        return hs + [dx.sum_elems(h) for h in hs]
+
+    dx.renew_cg(autobatch="none")
+    want = [e.npvalue() for e in build()]
+    cg = dx.renew_cg(autobatch=strategy)
+    exprs = build()
+    dx.forward(exprs[::2])
+    assert len(cg.host_values) == len(exprs[::2])
+    for e, w in zip(exprs, want):  # fetched and not-fetched values alike
+        got = e.npvalue()
+        assert isinstance(got, np.ndarray) and got.shape == w.shape
+        np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-6)
+    late = dx.tanh(exprs[0] * 2.0)
+    dx.forward([late])
+    np.testing.assert_allclose(late.npvalue(), np.tanh(2 * want[0]), rtol=1e-6, atol=1e-6)
+    dx.renew_cg()
+    with pytest.raises(dx.StaleExpressionError):
+        dx.forward(exprs[:1])
+    with pytest.raises(TypeError):
+        dx.forward([np.ones(3)])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -23,6 +24,13 @@ from .kernels import GATHER, UNIFORM, backward_kernel, forward_kernel, load_bloc
     seed_gradient
 
 MIN_ROWS = 256
+
+
+@jax.jit
+def _gather_rows(arena, rows):
+    # jitted with a traced index: one compile per (arena shape, row count bucket); eager
+    # ``arena[i]`` would compile a new slice for every distinct Python int ``i``
+    return arena[rows]
 
 
 class Batch(NamedTuple):
@@ -176,7 +184,24 @@ class Engine:
 
     # ---- reading ---------------------------------------------------------------------------------
     def read(self, g, v: int) -> np.ndarray:
-        return np.asarray(self.arenas[g.val_akey[v]][g.val_row[v]])
+        got = g.host_values.get(v)
+        if got is None:
+            got = np.asarray(_gather_rows(self.arenas[g.val_akey[v]],
+                                          np.asarray([g.val_row[v]], np.int32)))[0, ...]
+        return got
+
+    def fetch(self, g, values) -> None:
+        """Copy computed values to the host: one gather and one transfer per arena."""
+        by_akey: dict = {}
+        for v in values:
+            if v not in g.host_values:
+                by_akey.setdefault(g.val_akey[v], []).append(v)
+        for akey, vs in by_akey.items():
+            rows = [g.val_row[v] for v in vs]
+            rows += rows[:1] * (bucket(len(rows)) - len(rows))  # bounded compiles
+            host = np.asarray(_gather_rows(self.arenas[akey], np.asarray(rows, np.int32)))
+            for j, v in enumerate(vs):
+                g.host_values[v] = host[j, ...]  # an ndarray even when 0-d
 
     # ---- backward --------------------------------------------------------------------------------
     def backward(self, g, v: int):

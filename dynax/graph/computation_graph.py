@@ -54,6 +54,7 @@ class ComputationGraph:
         self.zero_consts: dict = {}  # akey -> value id of a zero constant (list padding)
         # execution state
         self.rows: dict = {}  # akey -> arena rows handed out so far
+        self.host_values: dict = {}  # value id -> host copy, fetched in batches (dx.forward)
         self.computed = 0  # nodes [0, computed) have values
         self.batches: list = []  # executed batch records, forward order (for backward)
         self.n_batches = 0
@@ -207,6 +208,13 @@ class ComputationGraph:
     def read(self, value_id: int) -> np.ndarray:
         self.forward_to(value_id)
         return self.engine.read(self, value_id)
+
+    def fetch(self, value_ids) -> None:
+        """Compute, then copy the given values to the host together (one gather per shape),
+        so that reading each of them afterwards costs no device round trip."""
+        if value_ids:
+            self.forward_to(max(value_ids))
+            self.engine.fetch(self, value_ids)
 
     def stats(self) -> dict:
         """Counters of this graph: nodes, batches, compiles and seconds per phase."""

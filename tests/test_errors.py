@@ -333,3 +333,33 @@ def test_failed_list_op_on_fresh_graph_adds_nothing(op):
     check_message(ei.value, op.__name__, "(3,)", "(4,)")
     st1 = cg.stats()
     assert (st1["nodes"], st1["values"]) == (st0["nodes"], st0["values"])
+
+
+# ---- builders: the same rules, and the user's line (not the builder's) in the message ---------
+
+def _builder_cases():
+    pc = dx.ParameterCollection(seed=0)
+    lstm = dx.nn.LSTMBuilder(1, 3, 5, pc)
+    tree = dx.nn.TreeLSTMBuilder(3, 4, pc)
+    sm = dx.nn.StandardSoftmaxBuilder(5, 7, pc)
+    return {
+        "lstm input dim": (lambda: lstm.initial_state().add_input(inp(4)),
+                           ("LSTMBuilder", "add_input"), "(4,)"),
+        "lstm layers": (lambda: dx.nn.LSTMBuilder(0, 3, 5, pc), ("LSTMBuilder",), "0"),
+        "birnn odd hidden": (lambda: dx.nn.BiRNNBuilder(1, 3, 5, pc, dx.nn.LSTMBuilder),
+                             ("BiRNNBuilder",), "5"),
+        "tree pair": (lambda: tree.compose(inp(4), inp(4)), ("TreeLSTMBuilder", "compose"), ""),
+        "softmax label": (lambda: sm.neg_log_softmax(inp(5), 9), ("neg_log_softmax", "pick"),
+                          "9"),
+        "bad init": (lambda: pc.add_parameters((2, 2), init="nope"), ("add_parameters",),
+                     "nope"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_builder_cases()))
+def test_builder_errors_name_the_user_line(case):
+    dx.renew_cg()
+    build, names, part = _builder_cases()[case]
+    with pytest.raises(ValueError) as ei:
+        build()
+    check_message(ei.value, names, part)

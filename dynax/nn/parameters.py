@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..device import get_device
+from ..errors import InvalidArgumentError
 
 INITS = ("glorot", "normal", "uniform", "zeros", "ones")
 
@@ -25,7 +26,7 @@ def _init_array(init, key, shape, dtype):
     if isinstance(init, (np.ndarray, jax.Array, list, tuple)):
         arr = np.asarray(init, dtype)
         if arr.shape != tuple(shape):
-            raise ValueError(f"add_parameters: init array has shape {arr.shape}, "
+            raise InvalidArgumentError(f"add_parameters: init array has shape {arr.shape}, "
                              f"expected {tuple(shape)}")
         return jnp.asarray(arr)
     if init == "glorot":
@@ -41,7 +42,7 @@ def _init_array(init, key, shape, dtype):
         return jnp.zeros(shape, dtype)
     if init == "ones":
         return jnp.ones(shape, dtype)
-    raise ValueError(f"add_parameters: unknown init {init!r}; use one of {INITS}, "
+    raise InvalidArgumentError(f"add_parameters: unknown init {init!r}; use one of {INITS}, "
                      "an array of the right shape or a callable (key, shape) -> array")
 
 
@@ -71,7 +72,7 @@ class Parameter:
         """Replace the value with ``array`` (same shape)."""
         arr = np.asarray(array, self.dtype)
         if arr.shape != self.shape:
-            raise ValueError(f"set_value: {self.name} has shape {self.shape}, got {arr.shape}")
+            raise InvalidArgumentError(f"set_value: {self.name} has shape {self.shape}, got {arr.shape}")
         self._value = jax.device_put(arr, get_device())
 
     def npvalue(self) -> np.ndarray:
@@ -190,7 +191,7 @@ class ParameterCollection:
         root = self._root
         base = self._prefix + (name if name else kind)
         if not re.fullmatch(r"[\w./-]+", base):
-            raise ValueError(f"parameter name {base!r} may contain only letters, digits, _ . / -")
+            raise InvalidArgumentError(f"parameter name {base!r} may contain only letters, digits, _ . / -")
         full, i = base, 0
         while full in root._names:
             i += 1
@@ -202,7 +203,7 @@ class ParameterCollection:
             shape = (shape,)
         shape = tuple(int(s) for s in shape)
         if any(s <= 0 for s in shape) or not shape:
-            raise ValueError(f"add_parameters: invalid shape {shape}")
+            raise InvalidArgumentError(f"add_parameters: invalid shape {shape}")
         full = self._unique_name(name, kind)
         value = _init_array(init, self._next_key(), shape, jnp.float32)
         p = cls(full, jax.device_put(value, get_device()))

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import InvalidArgumentError, ShapeError
 from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.function import function
@@ -70,7 +70,7 @@ def _fresh_subcollection(pc, base: str):
 def _check_dims(who, **dims):
     for k, v in dims.items():
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{who}: {k} must be a positive integer, got {v!r}")
+            raise InvalidArgumentError(f"{who}: {k} must be a positive integer, got {v!r}")
 
 
 def _as_expr(x):
@@ -179,7 +179,7 @@ class _RNNBuilder:
         """Apply ``dx.dropout(·, p)`` to the input of every layer from now on (0 disables)."""
         p = float(p)
         if not 0.0 <= p < 1.0:
-            raise ValueError(f"{type(self).__name__}.set_dropout: p must be in [0, 1), got {p}")
+            raise InvalidArgumentError(f"{type(self).__name__}.set_dropout: p must be in [0, 1), got {p}")
         self.dropout_rate = p
 
     def disable_dropout(self) -> None:
@@ -196,7 +196,7 @@ class _RNNBuilder:
             return RNNState(self, tuple((z,) * n for _ in range(L)))
         vecs = [_as_expr(v) for v in vecs]
         if len(vecs) != n * L:
-            raise ValueError(f"{who}: expected {n * L} vectors ({n} per layer for {L} layers), "
+            raise InvalidArgumentError(f"{who}: expected {n * L} vectors ({n} per layer for {L} layers), "
                              f"got {len(vecs)}")
         for v in vecs:
             _check_vector(who, "each initial vector", v, self.hidden_dim)
@@ -254,7 +254,7 @@ class BiRNNBuilder:
     def __init__(self, layers: int, input_dim: int, hidden_dim: int, pc, builder_cls=None):
         _check_dims("BiRNNBuilder", layers=layers, input_dim=input_dim, hidden_dim=hidden_dim)
         if hidden_dim % 2:
-            raise ValueError(f"BiRNNBuilder: hidden_dim must be even (each direction has "
+            raise InvalidArgumentError(f"BiRNNBuilder: hidden_dim must be even (each direction has "
                              f"hidden_dim // 2 units), got {hidden_dim}")
         builder_cls = LSTMBuilder if builder_cls is None else builder_cls
         self.layers, self.input_dim, self.hidden_dim = int(layers), int(input_dim), int(hidden_dim)

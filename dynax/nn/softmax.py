@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import IndexOutOfRangeError
+from ..errors import IndexOutOfRangeError, InvalidArgumentError
 from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.function import function
@@ -68,14 +68,14 @@ class ClassFactoredSoftmaxBuilder:
         who = "ClassFactoredSoftmaxBuilder"
         w2c = list(word_to_class)
         if not w2c:
-            raise ValueError(f"{who}: word_to_class is empty")
+            raise InvalidArgumentError(f"{who}: word_to_class is empty")
         for w, c in enumerate(w2c):
             if not isinstance(c, numbers.Integral) or isinstance(c, bool) or c < 0:
-                raise ValueError(f"{who}: class of word {w} must be a non-negative int, got {c!r}")
+                raise InvalidArgumentError(f"{who}: class of word {w} must be a non-negative int, got {c!r}")
         n_classes = max(w2c) + 1
         sizes = np.bincount(np.asarray(w2c, np.int64), minlength=n_classes)
         if (sizes == 0).any():
-            raise ValueError(f"{who}: class ids must be 0..{n_classes - 1} with every class "
+            raise InvalidArgumentError(f"{who}: class ids must be 0..{n_classes - 1} with every class "
                              f"used; class {int(np.argmin(sizes))} has no word")
         self.input_dim, self.vocab_size, self.n_classes = int(input_dim), len(w2c), n_classes
         self.word_to_class = [int(c) for c in w2c]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..errors import InvalidArgumentError
 from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.function import function
@@ -52,7 +53,7 @@ def _pairwise_sum(xs):
 
 def _check_pair(who, what, pair, dim):
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-        raise ValueError(f"{who}: {what} must be an (h, c) pair, got {pair!r}")
+        raise InvalidArgumentError(f"{who}: {what} must be an (h, c) pair, got {pair!r}")
     h, c = _as_expr(pair[0]), _as_expr(pair[1])
     _check_vector(who, f"{what} h", h, dim)
     _check_vector(who, f"{what} c", c, dim)

@@ -118,6 +118,7 @@ def main(argv=None) -> dict:
         "steps": args.steps, "warmup": w,
         "rss_slope_kib_per_step": slope(rss[w:]) / 1024,
         "rss_growth_mib": (rss[-1] - rss[w]) / 2**20,
+        "rss_slope_last_half_kib_per_step": slope(rss[(w + len(rss)) // 2:]) / 1024,
         "device_slope_kib_per_step": slope(dev[w:]) / 1024,
         "device_min_max_mib": (min(dev[w:]) / 2**20, max(dev[w:]) / 2**20),
         "compiles_after_warmup": compiles[-1] - compiles[w],
@@ -132,7 +133,8 @@ def main(argv=None) -> dict:
     result["released_mib"] = (before - device_bytes()) / 2**20
     print(f"after warm-up ({args.steps - w} updates): RSS slope "
           f"{result['rss_slope_kib_per_step']:+.2f} KiB/update "
-          f"(net {result['rss_growth_mib']:+.1f} MiB); device-buffer slope "
+          f"(net {result['rss_growth_mib']:+.1f} MiB; last half "
+          f"{result['rss_slope_last_half_kib_per_step']:+.2f} KiB/update); device-buffer slope "
           f"{result['device_slope_kib_per_step']:+.3f} KiB/update "
           f"(range {result['device_min_max_mib'][0]:.2f}-{result['device_min_max_mib'][1]:.2f} MiB)")
     print(f"XLA compilations after warm-up: {result['compiles_after_warmup']} (each new "

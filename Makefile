@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(PY) examples/tree_listops.py
 
 bench: $(STAMP)
-	$(PY) -m benchmarks.treelstm
+	$(PY) -m benchmarks.run
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

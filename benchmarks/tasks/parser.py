@@ -261,10 +261,10 @@ class DynaxModel:
         self.b2 = pc.add_parameters((N_ACTIONS,), init="zeros", name="b2")
 
     def scores(self, enc, pad, feats):
-        """Action scores of one configuration (an Expression of shape (3,))."""
-        x = dx.concatenate([enc[j] if j >= 0 else pad for j in feats])
-        h = dx.tanh(dx.affine_transform([self.b1, self.W1, x]))
-        return dx.affine_transform([self.b2, self.W2, h])
+        """Action scores of one configuration (an Expression of shape (3,)): one fused node,
+        so a lockstep step is one kernel across the parsers."""
+        xs = [enc[j] if j >= 0 else pad for j in feats]
+        return score_cell(*xs, self.W1, self.b1, self.W2, self.b2)
 
     def loss(self, batch):
         """Summed hinge loss of all parsers' decisions."""
@@ -294,8 +294,22 @@ class DynaxModel:
             active = [i for i in active if not parsers[i].done()]
         if not terms:
             raise ValueError("parser loss: no decision with a wrong action in this batch")
-        # built after the last step, so the hinge terms of all steps batch together
-        return dx.esum([dx.rectify(1.0 - dx.pick(e, c) + dx.pick(e, w)) for e, c, w in terms])
+        # built after the last step, so the hinge terms of all steps batch together (one
+        # signature per (correct, wrong) action pair: the actions are static arguments)
+        return dx.esum([margin_cell(e, c, w) for e, c, w in terms])
+
+
+@dx.function
+def score_cell(*args):
+    """MLP action scores from the N_FEATS feature vectors (then W1, b1, W2, b2)."""
+    feats, (W1, b1, W2, b2) = args[:-4], args[-4:]
+    return _mlp(jnp.concatenate(feats), W1, b1, W2, b2)
+
+
+@dx.function
+def margin_cell(scores, correct, wrong):
+    """BIST's hinge ``max(0, 1 - s[correct] + s[wrong])`` of one decision."""
+    return jax.nn.relu(1.0 - scores[correct] + scores[wrong])
 
 
 # ---- the hand-batched JAX baseline -------------------------------------------------------------

@@ -25,8 +25,11 @@ INDEX_LIMIT = 2**31 - 1
 
 def _kind(x, opname):
     """(kind, item) for one argument."""
-    if type(x) is Expression:
+    t = type(x)
+    if t is Expression:
         return "v", x
+    if t is float or t is int:  # before the ABC checks below, which can be slow
+        return "s", float(x)
     if isinstance(x, Parameter):
         return "p", x
     if isinstance(x, numbers.Real) and not isinstance(x, bool):

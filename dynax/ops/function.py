@@ -18,6 +18,9 @@ from .core import _PARAMETER_TYPES, _node, atomic, input
 from .registry import HEAVY, OpDef
 
 
+_OPS: dict = {}  # fn -> its OpDef
+
+
 class Function:
     """A fused, batchable node type made from a pure single-instance JAX function.
 
@@ -30,7 +33,10 @@ class Function:
 
     def __init__(self, fn):
         self.fn = fn
-        self.op = OpDef(getattr(fn, "__qualname__", "function"), fn, HEAVY)
+        op = _OPS.get(fn)
+        if op is None:  # one OpDef per fn: wrappers of one fn share signatures and kernels
+            op = _OPS[fn] = OpDef(getattr(fn, "__qualname__", "function"), fn, HEAVY)
+        self.op = op
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
@@ -38,7 +44,7 @@ class Function:
             raise ArgumentTypeError(f"{self.op.name}: dx.function arguments must be positional")
         kinds = []
         graph_mode = False
-        for a in args:  # fast path: Expressions and Parameters only
+        for a in args:  # fast path: Expressions, Parameters and plain static scalars
             t = type(a)
             if t is Expression:
                 kinds.append("v")
@@ -46,10 +52,12 @@ class Function:
             elif t in _PARAMETER_TYPES:
                 kinds.append("p")
                 graph_mode = True
+            elif t is int or t is float or t is str:
+                kinds.append("s")  # static: part of the signature
             else:
                 return self._call_general(args)
         if not graph_mode:
-            return self.fn()
+            return self.fn(*args)  # no graph argument: a plain call
         return _node(self.op, "".join(kinds), args)
 
     @atomic

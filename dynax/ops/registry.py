@@ -39,6 +39,16 @@ class OpDef(NamedTuple):
     # (measured: 20000x300 embedding, ~2 dense passes per lookup batch otherwise).
     row_gather: bool = False
 
+    # Identity semantics: each operation has one OpDef, and a node's signature key is hashed
+    # on every node built; hashing the fields (a jnp ufunc hashes slowly) cost up to 1 us.
+    __hash__ = object.__hash__
+
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
 
 # ---- abstract values: interned (shape, dtype) keys, one arena per key -------------------
 

@@ -24,6 +24,16 @@ from .kernels import GATHER, UNIFORM, backward_kernel, forward_kernel, load_bloc
     seed_gradient
 
 MIN_ROWS = 256
+UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
+
+
+class _AkeySizes(dict):
+    def __missing__(self, akey):
+        size = self[akey] = int(np.prod(AKEY_AVAL[akey].shape, dtype=np.int64))
+        return size
+
+
+AKEY_SIZE = _AkeySizes()  # akey -> elements per value
 
 
 @jax.jit
@@ -132,10 +142,13 @@ class Engine:
         n = len(nodes)
         val_row, node_vals = g.val_row, g.node_vals
         modes, all_rows = [], []
-        for k in range(len(sig.in_akeys)):
+        for k, akey in enumerate(sig.in_akeys):
             rows = [val_row[node_vals[nd][k]] for nd in nodes]
             all_rows.append(rows)
-            modes.append(UNIFORM if n > 1 and rows.count(rows[0]) == n else GATHER)
+            # UNIFORM only pays for large values (a shared computed matrix): for small ones a
+            # gather of B copies is cheap, and each mode pattern is a kernel to compile
+            modes.append(UNIFORM if n > 1 and AKEY_SIZE[akey] >= UNIFORM_MIN_SIZE
+                         and rows.count(rows[0]) == n else GATHER)
         return tuple(modes), all_rows
 
     def _run_forward(self, g, nodes):

@@ -163,6 +163,10 @@ class ComputationGraph:
             del self.node_site[k]
 
     def _check_ints(self, sig, ints, kinds, key):
+        if len(ints) == 1:  # fast path: one plain in-range int (a lookup, a pick, a label)
+            x = ints[0]
+            if type(x) is int and 0 <= x < sig.bounds[0]:
+                return (x,)
         checked = []
         for i, (x, hi) in enumerate(zip(ints, sig.bounds)):
             try:

@@ -5,9 +5,10 @@ import numpy as np
 
 from ..errors import NonScalarBackwardError
 from ..ops.registry import AKEY_AVAL
+from ..operators import Operators
 
 
-class Expression:
+class Expression(Operators):
     """A lazily computed value of a computation graph.
 
     Building expressions computes nothing; ``value()``, ``npvalue()``, ``scalar_value()``,
@@ -72,44 +73,11 @@ class Expression:
                 "(reduce it first, e.g. with dx.sum_elems)")
         self.g.backward(self.v)
 
-    # ---- operators --------------------------------------------------------------------------
-    def __add__(self, other):
-        return _ops.add(self, other)
-
-    def __radd__(self, other):
-        return _ops.add(other, self)
-
-    def __sub__(self, other):
-        return _ops.sub(self, other)
-
-    def __rsub__(self, other):
-        return _ops.sub(other, self)
-
-    def __mul__(self, other):
-        return _ops.mul(self, other)
-
-    def __rmul__(self, other):
-        return _ops.mul(other, self)
-
-    def __truediv__(self, other):
-        return _ops.div(self, other)
-
-    def __rtruediv__(self, other):
-        return _ops.div(other, self)
-
-    def __neg__(self):
-        return _ops.negate(self)
-
-    def __matmul__(self, other):
-        return _ops.matmul(self, other)
-
-    def __rmatmul__(self, other):
-        return _ops.matmul(other, self)
-
+    # ---- operators (``+ - * / @`` and unary ``-`` come from ``Operators``) -----------------
     def __getitem__(self, i):
         return _ops.pick(self, i)
 
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
 
-from ..ops import core as _ops  # noqa: E402  (operators dispatch to the op functions)
+from ..ops import core as _ops  # noqa: E402  (imports this module; bound last)

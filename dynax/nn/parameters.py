@@ -16,6 +16,7 @@ import numpy as np
 
 from ..device import get_device
 from ..errors import InvalidArgumentError
+from ..operators import Operators
 
 INITS = ("glorot", "normal", "uniform", "zeros", "ones")
 
@@ -46,7 +47,7 @@ def _init_array(init, key, shape, dtype):
                      "an array of the right shape or a callable (key, shape) -> array")
 
 
-class Parameter:
+class Parameter(Operators):
     """A trainable array, usable directly inside expressions (``W @ x``)."""
 
     __slots__ = ("name", "shape", "dtype", "_value", "_grad", "_has_grad", "__weakref__")
@@ -100,40 +101,7 @@ class Parameter:
         self._grad = None
         self._has_grad = False
 
-    # ---- operators (a Parameter joins the current graph by itself) ------------------------------
-    def __matmul__(self, other):
-        return _ops.matmul(self, other)
-
-    def __rmatmul__(self, other):
-        return _ops.matmul(other, self)
-
-    def __add__(self, other):
-        return _ops.add(self, other)
-
-    def __radd__(self, other):
-        return _ops.add(other, self)
-
-    def __sub__(self, other):
-        return _ops.sub(self, other)
-
-    def __rsub__(self, other):
-        return _ops.sub(other, self)
-
-    def __mul__(self, other):
-        return _ops.mul(self, other)
-
-    def __rmul__(self, other):
-        return _ops.mul(other, self)
-
-    def __truediv__(self, other):
-        return _ops.div(self, other)
-
-    def __rtruediv__(self, other):
-        return _ops.div(other, self)
-
-    def __neg__(self):
-        return _ops.negate(self)
-
+    # ---- in expressions (operators from ``Operators``: it joins the current graph by itself) --
     def expr(self):
         """The parameter as an Expression of the current graph."""
         return _ops.parameter(self)
@@ -249,4 +217,4 @@ class ParameterCollection:
         populate_parameters(self.parameters(), path, strip=self._prefix)
 
 
-from ..ops import core as _ops  # noqa: E402  (operators dispatch to the op functions)
+from ..ops import core as _ops  # noqa: E402  (imports this module; bound last)

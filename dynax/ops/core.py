@@ -7,6 +7,7 @@ Shapes are checked at construction, where the user's line is; a failed call chan
 from __future__ import annotations
 
 import numbers
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -630,3 +631,7 @@ def lookup(E, i):
 from ..nn.parameters import LookupParameter, Parameter  # noqa: E402
 
 _PARAMETER_TYPES = frozenset((Parameter, LookupParameter))  # exact types: the fast path
+
+from .. import operators as _operators  # noqa: E402
+
+_operators.bind(sys.modules[__name__])

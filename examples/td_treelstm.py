@@ -15,14 +15,15 @@ the held-out loss of the best possible model (the source's entropy) is known.
 
 The model (a doubly-recurrent top-down Tree-LSTM, after Alvarez-Melis & Jaakkola, 2017)
 ----------------------------------------------------------------------------------------
-Every node has an *ancestral* state, an LSTM step (``dx.nn.LSTMBuilder``, branching from
-its parent's state: DyNet states are immutable, so all children extend the same parent
-state) over ``[E[label]; fraternal state when it was chosen]``; and its children are
-produced one by one by a *fraternal* LSTM that starts from the node's ancestral state and
-reads each chosen child label. Before each child, a ``@dx.function`` node scores "emit
-label l as the next child" for every label, plus STOP ("no more children"); a node whose
-first decision is STOP is a leaf. A node's decisions depend only on its ancestors and its
-earlier siblings' labels, so all open nodes of all trees can decide at once.
+Every node has an *ancestral* LSTM state, computed from its parent's over ``[E[label];
+the parent's fraternal state when the label was chosen]``, and a *fraternal* LSTM state that
+starts from its ancestral state and reads each child label as the children are produced.
+Before each child, an MLP scores "emit label l as the next child" for every label, plus
+STOP ("no more children"); a node whose first decision is STOP is a leaf. Adding a child is
+ONE ``@dx.function`` node (``grow``): both LSTM steps, and the scores of the two decisions
+that follow (the parent's next one, the child's first one). A node's decisions depend only
+on its ancestors and its earlier siblings' labels, never on their subtrees, so all open
+nodes of all trees can decide at once.
 
 Training uses teacher forcing: the gold tree fixes every decision, and the loss is the sum
 of their ``pickneglogsoftmax``. Generation is value-driven: many trees grow in lockstep;
@@ -37,8 +38,8 @@ What to expect
 It prints the data, a learning curve (training loss per tree), the held-out loss per tree
 -- untrained, trained, and the generator's own entropy as the floor -- then trees sampled
 from the untrained and the trained model with the fraction that the grammar accepts
-(near 0 before training, most of them after), and speeds: trees/s of training, and of
-lockstep generation under autobatch "none" and "agenda".
+(none before training, most of them after), and speeds: trees/s of lockstep generation, and
+of training under autobatch "none" and "agenda" on the same minibatch.
 
 Run ``python examples/td_treelstm.py`` (``--budget`` seconds for the whole run, ``--quick``
 for a smoke-test-sized run, ``--seed`` changes data and initialisation).
@@ -148,54 +149,81 @@ def make_splits(n_train: int, n_test: int, seed: int, max_depth: int):
 # Model
 # ============================================================================================
 
+def _lstm(x, h, c, W, b):
+    """One LSTM step (gates i, f, o, g stacked in W and b), plain JAX."""
+    i, f, o, g = jnp.split(W @ jnp.concatenate([x, h]) + b, 4)
+    c2 = jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * c
+    return jax.nn.sigmoid(o) * jnp.tanh(c2), c2
+
+
+def _decide(ha, hf, Ua, Uf, b, Wo, bo):
+    """Scores of a node's next decision: each label as its next child, or STOP."""
+    return Wo @ jnp.tanh(Ua @ ha + Uf @ hf + b) + bo
+
+
 @dx.function
-def decide(h_anc, h_frat, Ua, Uf, b, Wo, bo):
-    """Scores of the next decision of a node: each label as its next child, or STOP."""
-    return Wo @ jnp.tanh(Ua @ h_anc + Uf @ h_frat + b) + bo
+def grow(e, hf, cf, ha, ca, Wa, ba, Wf, bf, Ua, Uf, b, Wo, bo):
+    """Add a child with label embedding ``e`` to a node with ancestral state ``(ha, ca)`` and
+    fraternal state ``(hf, cf)``. Returns the child's ancestral state (an LSTM step from
+    its parent's over ``[e; hf]``), the parent's next fraternal state (an LSTM step over
+    ``e``), and the scores of the two decisions this enables: the parent's next one and the
+    child's first one (its fraternal state starts as its ancestral state)."""
+    h, c = _lstm(jnp.concatenate([e, hf]), ha, ca, Wa, ba)
+    hf2, cf2 = _lstm(e, hf, cf, Wf, bf)
+    parent_next = _decide(ha, hf2, Ua, Uf, b, Wo, bo)
+    child_first = _decide(h, h, Ua, Uf, b, Wo, bo)
+    return h, c, hf2, cf2, parent_next, child_first
 
 
 class TopDownTreeLSTM:
+    """A node while its children are produced: ``(ancestral state, fraternal state, scores
+    of its next decision)``, the states LSTM ``(h, c)`` pairs, all made by ``grow`` nodes."""
+
     def __init__(self, pc: dx.ParameterCollection, dim: int, hidden: int):
-        n = len(LABELS)
+        n, H = len(LABELS), hidden
+        self.hidden = H
         self.E = pc.add_lookup_parameters((n + 1, dim), init="normal", name="E")  # + ROOT
-        self.anc = dx.nn.LSTMBuilder(1, dim + hidden, hidden, pc)
-        self.frat = dx.nn.LSTMBuilder(1, dim, hidden, pc)
-        self.root_in = pc.add_lookup_parameters((1, dim + hidden), init="normal", name="root")
-        self.Ua = pc.add_parameters((hidden, hidden), name="Ua")
-        self.Uf = pc.add_parameters((hidden, hidden), name="Uf")
-        self.b = pc.add_parameters((hidden,), init="zeros", name="b")
-        self.Wo = pc.add_parameters((n + 1, hidden), name="Wo")
-        self.bo = pc.add_parameters((n + 1,), init="zeros", name="bo")
+        forget_open = np.r_[np.zeros(H), np.ones(H), np.zeros(2 * H)]  # forget bias 1
+        self.params = (
+            pc.add_parameters((4 * H, dim + 2 * H), name="W_anc"),
+            pc.add_parameters((4 * H,), init=forget_open, name="b_anc"),
+            pc.add_parameters((4 * H, dim + H), name="W_frat"),
+            pc.add_parameters((4 * H,), init=forget_open, name="b_frat"),
+            pc.add_parameters((H, H), name="U_anc"),
+            pc.add_parameters((H, H), name="U_frat"),
+            pc.add_parameters((H,), init="zeros", name="b"),
+            pc.add_parameters((n + 1, H), name="W_out"),
+            pc.add_parameters((n + 1,), init="zeros", name="b_out"))
 
-    # ---- the two recurrences and the decision ----------------------------------------------
     def root(self):
-        """(ancestral state, fraternal state) of the virtual root."""
-        a = self.anc.initial_state().add_input(self.root_in[0])
-        return a, self.frat.initial_state(a.s())
+        """The virtual root: a ``grow`` over ``E[ROOT]`` from zero states (zero constants of
+        its own, so each lane reads its own rows)."""
+        z = [dx.zeros((self.hidden,)) for _ in range(4)]
+        h, c, _, _, _, first = grow(self.E[ROOT], *z, *self.params)
+        return (h, c), (h, c), first
 
-    def child(self, a, f, label: int):
-        """States of a new child ``label`` of the node with ancestral state ``a`` whose
-        fraternal state is ``f``; and that node's fraternal state after it."""
-        a_child = a.add_input(dx.concatenate([self.E[label], f.output()]))
-        return a_child, self.frat.initial_state(a_child.s()), f.add_input(self.E[label])
-
-    def scores(self, a, f):
-        return decide(a.output(), f.output(), self.Ua, self.Uf, self.b, self.Wo, self.bo)
+    def child(self, node, label: int):
+        """Add a child ``label`` to ``node``: (the child, the parent's next (fraternal state,
+        scores))."""
+        a, f, _ = node
+        h, c, hf, cf, parent_next, child_first = grow(self.E[label], *f, *a, *self.params)
+        return ((h, c), (h, c), child_first), ((hf, cf), parent_next)
 
     # ---- teacher forcing --------------------------------------------------------------------
     def losses(self, tree):
         """``-log p`` of every decision that generates ``tree`` (rooted at S)."""
         out = []
 
-        def expand(a, f, children):
+        def expand(node, children):
             for label, grandchildren in children:
                 lid = LABEL_ID[label]
-                out.append(dx.pickneglogsoftmax(self.scores(a, f), lid))
-                a_child, f_child, f = self.child(a, f, lid)
-                expand(a_child, f_child, grandchildren)
-            out.append(dx.pickneglogsoftmax(self.scores(a, f), STOP))
+                out.append(dx.pickneglogsoftmax(node[2], lid))
+                kid, (f, scores) = self.child(node, lid)
+                expand(kid, grandchildren)
+                node = (node[0], f, scores)
+            out.append(dx.pickneglogsoftmax(node[2], STOP))
 
-        expand(*self.root(), [tree])
+        expand(self.root(), [tree])
         return out
 
     # ---- generation -------------------------------------------------------------------------
@@ -203,23 +231,24 @@ class TopDownTreeLSTM:
                  max_children: int = 4, max_nodes: int = 60, autobatch: str = "agenda"):
         """Sample ``n`` trees, all growing in lockstep on one graph.
 
-        Each round: the decision scores of every open node of every tree, ONE ``dx.forward``,
-        then a decision sampled from each node's values. STOP is forced at ``max_depth``,
-        after ``max_children`` children and once a tree has ``max_nodes`` nodes; such trees
-        are flagged as capped. Returns (trees with their virtual roots, capped flags).
+        Each round: ONE ``dx.forward`` over the decision scores of every open node of every
+        tree, then a decision sampled from each node's values; a label adds a ``grow`` node
+        (whose outputs hold the next scores of the parent and of the new child), STOP closes
+        the node. STOP is forced at ``max_depth``, after ``max_children`` children and once a
+        tree has ``max_nodes`` nodes; such trees are flagged as capped. Returns (trees with
+        their virtual roots, capped flags).
         """
         dx.renew_cg(autobatch=autobatch)  # no dropout: train=True reuses the training kernels
         roots = [("ROOT", []) for _ in range(n)]
         counts, capped = [1] * n, [False] * n
-        # an open node: [tree index, ancestral state, fraternal state, children list, depth]
-        open_nodes = [[i, *self.root(), roots[i][1], 0] for i in range(n)]
+        # an open node: [tree index, (anc, frat, scores), children list, depth]
+        open_nodes = [[i, self.root(), roots[i][1], 0] for i in range(n)]
         while open_nodes:
-            scores = [self.scores(a, f) for _, a, f, _, _ in open_nodes]
-            dx.forward(scores)
+            dx.forward([node[1][2] for node in open_nodes])
             still = []
-            for node, s in zip(open_nodes, scores):
-                i, a, f, children, depth = node
-                logits = s.npvalue().astype(np.float64)
+            for entry in open_nodes:
+                i, node, children, depth = entry
+                logits = node[2].npvalue().astype(np.float64)
                 p = np.exp(logits - logits.max())
                 choice = int(rng.choice(len(p), p=p / p.sum()))
                 if choice != STOP and (depth >= max_depth or len(children) >= max_children
@@ -230,8 +259,9 @@ class TopDownTreeLSTM:
                 kid = (LABELS[choice], [])
                 children.append(kid)
                 counts[i] += 1
-                a_kid, f_kid, node[2] = self.child(a, f, choice)
-                still += [node, [i, a_kid, f_kid, kid[1], depth + 1]]
+                kid_node, (f, scores) = self.child(node, choice)
+                entry[1] = (node[0], f, scores)
+                still += [entry, [i, kid_node, kid[1], depth + 1]]
             open_nodes = still
         return roots, capped
 
@@ -273,12 +303,13 @@ def heldout_loss(model, data, chunk: int = 32) -> float:
     return total / len(data)
 
 
-def sample_report(model, n: int, seed: int, chunk: int = 32, autobatch: str = "agenda"):
-    """Sample ``n`` trees (``chunk`` per graph); (trees, fraction well-formed, capped)."""
+def sample_report(model, n: int, seed: int, chunk: int = 32, **caps):
+    """Sample ``n`` trees (``chunk`` per graph); (trees, fraction well-formed, fraction
+    capped). A tree that hit a cap does not count as well-formed."""
     rng = np.random.default_rng(seed)
     trees, capped = [], []
     for start in range(0, n, chunk):
-        t, c = model.generate(min(chunk, n - start), rng, autobatch=autobatch)
+        t, c = model.generate(min(chunk, n - start), rng, **caps)
         trees += t
         capped += c
     ok = float(np.mean([well_formed(t) and not c for t, c in zip(trees, capped)]))
@@ -293,20 +324,26 @@ def minibatches(data, size: int, rng: np.random.Generator):
             yield [data[i] for i in order[start:start + size]]
 
 
-def compare_speed(model, n: int, seed: int, max_warmup: int = 3) -> dict:
-    """Trees/s of lockstep generation of ``n`` trees under "none" and "agenda" (the same
-    draws, so the same trees), each timed after warm-up passes that compile its kernels."""
-    result = {}
+def compare_speed(model, trainer, batches, max_warmup: int = 4):
+    """Trees/s of full training steps under "none" and "agenda" on the same minibatches,
+    each timed after warm-up passes that compile its kernels. Returns (speeds, updates)."""
+    result, updates = {}, 0
+    n_trees = sum(len(b) for b in batches)
     for strategy in ("none", "agenda"):
         for _ in range(max_warmup):
-            model.generate(n, np.random.default_rng(seed), autobatch=strategy)
-            if dx.current_graph().stats()["compiles"] == 0:
+            compiles = 0
+            for b in batches:
+                compiles += train_step(model, trainer, b, strategy)[1]["compiles"]
+                updates += 1
+            if compiles == 0:
                 break
         t0 = time.perf_counter()
-        model.generate(n, np.random.default_rng(seed), autobatch=strategy)
-        result[strategy] = n / (time.perf_counter() - t0)
+        for b in batches:
+            train_step(model, trainer, b, strategy)
+        result[strategy] = n_trees / (time.perf_counter() - t0)
+        updates += len(batches)
     result["ratio"] = result["agenda"] / result["none"]
-    return result
+    return result, updates
 
 
 def parse_args(argv=None):
@@ -318,7 +355,7 @@ def parse_args(argv=None):
     ap.add_argument("--min-updates", type=int, default=40,
                     help="train at least this long even if the budget is spent (slow machine)")
     ap.add_argument("--quick", action="store_true",
-                    help="8 training trees, 10 updates, no speed comparison (smoke test)")
+                    help="smoke test: the QUICK settings (4 small trees, 10 updates, tiny model)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--train-size", type=int, default=4000)
     ap.add_argument("--test-size", type=int, default=256)
@@ -326,21 +363,27 @@ def parse_args(argv=None):
                     help="generator: no recursive rule below this depth")
     ap.add_argument("--dim", type=int, default=16, help="label embedding size")
     ap.add_argument("--hidden", type=int, default=48, help="LSTM sizes")
-    ap.add_argument("--batch", type=int, default=32, help="trees per update")
-    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--batch", type=int, default=16, help="trees per update")
+    ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--samples", type=int, default=64, help="trees sampled before and after")
-    ap.add_argument("--speed-trees", type=int, default=32,
-                    help="trees generated for the none-vs-agenda comparison (0: skip)")
+    ap.add_argument("--gen-max-nodes", type=int, default=60,
+                    help="generation: STOP is forced once a tree has this many nodes")
+    ap.add_argument("--gen-max-depth", type=int, default=12,
+                    help="generation: STOP is forced at this depth")
+    ap.add_argument("--speed-batches", type=int, default=1,
+                    help="minibatches timed for the none-vs-agenda comparison (0: skip)")
     return ap.parse_args(argv)
 
 
 SPEED_RESERVE = 12.0  # seconds kept for the none-vs-agenda comparison (compiles "none" kernels)
+EVAL_RESERVE = 4.0  # at most this many seconds kept for the final evaluation
+SAMPLE_RESERVE = 6.0  # seconds kept for sampling from the trained model
 
 
 # --quick: one minibatch of training data, seen at every update, so a tiny run has a fixed
 # set of kernel shapes (compilation dominates tiny runs) and a fixed number of updates
-QUICK = dict(train_size=8, test_size=8, batch=8, dim=8, hidden=16, lr=2e-2, updates=10,
-             samples=8, max_depth=4, speed_trees=0)
+QUICK = dict(train_size=4, test_size=4, batch=4, dim=8, hidden=16, lr=2e-2, updates=10,
+             samples=4, max_depth=2, gen_max_nodes=16, gen_max_depth=5, speed_batches=0)
 
 
 def main(argv=None) -> dict:
@@ -370,16 +413,24 @@ def main(argv=None) -> dict:
           f"{args.batch} trees/update")
     batches = minibatches(train, args.batch, np.random.default_rng(args.seed + 1))
     t0 = time.perf_counter()
-    before = heldout_loss(model, test, args.batch)
-    untrained_trees, untrained_ok, _ = sample_report(model, args.samples, args.seed + 2,
-                                                     args.batch)
+    # the untrained model on a part of the held-out set (its compilations are mostly the
+    # training step's forward kernels; the rest of the set would mostly add new batch sizes)
+    before_set = test[:2 * args.batch]
+    before = heldout_loss(model, before_set, args.batch)
+    caps = dict(max_nodes=args.gen_max_nodes, max_depth=args.gen_max_depth)
+    # few untrained samples: they grow to the caps, in many batch sizes (compilations)
+    n_untrained = min(args.samples, 16)
+    untrained_trees, untrained_ok, _ = sample_report(model, n_untrained, args.seed + 2,
+                                                     args.batch, **caps)
     eval_seconds = time.perf_counter() - t0  # compiles included: the final one will be faster
-    print(f"  untrained: held-out loss {before:.3f} nats/tree; {untrained_ok:.0%} of "
-          f"{args.samples} sampled trees well-formed ({eval_seconds:.1f}s)")
+    print(f"  untrained: loss {before:.3f} nats/tree on {len(before_set)} held-out trees; "
+          f"{untrained_ok:.0%} of {n_untrained} sampled trees well-formed ({eval_seconds:.1f}s)")
 
     # ---- training -----------------------------------------------------------------------------
     t_train = time.perf_counter()
-    reserve = eval_seconds + (SPEED_RESERVE if args.speed_trees else 0.0)
+    # the final evaluation finds its kernels compiled: it takes a fraction of the first one
+    reserve = (min(eval_seconds, EVAL_RESERVE) + SAMPLE_RESERVE
+               + (SPEED_RESERVE if args.speed_batches else 0.0))
     deadline = t_start + args.budget - reserve
     if args.updates:
         print(f"Training for {args.updates} updates (teacher forcing, autobatch='agenda'):")
@@ -416,14 +467,15 @@ def main(argv=None) -> dict:
     # ---- evaluation, sampling, speed ----------------------------------------------------------
     after = heldout_loss(model, test, args.batch)
     t0 = time.perf_counter()
-    samples, ok, capped = sample_report(model, args.samples, args.seed + 3, args.batch)
+    samples, ok, capped = sample_report(model, args.samples, args.seed + 3, args.batch, **caps)
     sample_seconds = time.perf_counter() - t0
     gen_sizes = [size(t) - 1 for t in samples]  # without the virtual root
     speed = None
-    if args.speed_trees > 0:
-        print(f"Timing lockstep generation of {args.speed_trees} trees with autobatch='none' "
-              "and 'agenda' (each after warm-up)...", flush=True)
-        speed = compare_speed(model, args.speed_trees, args.seed + 4)
+    if args.speed_batches > 0:
+        print(f"Timing {args.speed_batches} minibatch(es) of training with autobatch='none' "
+              "and 'agenda' (each after warm-up passes that compile its kernels)...", flush=True)
+        speed, _ = compare_speed(model, trainer, [next(batches)
+                                                  for _ in range(args.speed_batches)])
 
     print("Results")
     print(f"  {updates} updates: training loss/tree {curve[0][1]:.3f} (update {curve[0][0]}) -> "
@@ -431,16 +483,16 @@ def main(argv=None) -> dict:
           "in the training loop (compilation included)")
     print(f"  held-out loss {after:.3f} nats/tree (untrained {before:.3f}; the generator's "
           f"entropy {entropy:.3f})")
-    print(f"  sampled trees well-formed: {ok:.0%} trained vs {untrained_ok:.0%} untrained "
-          f"({len(samples)} each; {capped:.0%} hit a cap; {np.mean(gen_sizes):.1f} nodes on "
-          f"average vs {sizes.mean():.1f} in the data; {len(samples) / sample_seconds:.0f} "
-          "trees/s)")
+    print(f"  sampled trees well-formed: {ok:.0%} of {len(samples)} from the trained model vs "
+          f"{untrained_ok:.0%} of {n_untrained} untrained ({capped:.0%} hit a cap; "
+          f"{np.mean(gen_sizes):.1f} nodes on average vs {sizes.mean():.1f} in the data; "
+          f"generated in lockstep at {len(samples) / sample_seconds:.0f} trees/s)")
     for t in samples[:4]:
         print(f"    {'  ' if well_formed(t) else '* '}{bracket(t)}")
     print(f"  untrained, e.g. {bracket(untrained_trees[0])[:100]}")
     if speed:
-        print(f"  lockstep generation, kernels warm: none {speed['none']:.1f} trees/s, "
-              f"agenda {speed['agenda']:.1f} trees/s ({speed['ratio']:.1f}x faster)")
+        print(f"  training speed, same minibatch(es), kernels warm: none {speed['none']:.0f} "
+              f"trees/s, agenda {speed['agenda']:.0f} trees/s ({speed['ratio']:.1f}x faster)")
     print(f"  total {time.perf_counter() - t_start:.1f}s")
     return {"before": before, "after": after, "entropy": entropy, "well_formed": ok,
             "untrained_well_formed": untrained_ok, "capped": capped, "curve": curve,

@@ -35,7 +35,7 @@ RESULTS_DIR = os.path.join(os.path.dirname(__file__), "results")
 
 # (warm-up, timed) updates per system; "none" is slow and steady, so it needs fewer
 COUNTS = {"none": (2, 3), "depth": (5, 20), "agenda": (5, 20), "hand": (5, 20)}
-QUICK_COUNTS = {"none": (1, 2), "depth": (3, 4), "agenda": (3, 4), "hand": (2, 4)}
+QUICK_COUNTS = {"none": (1, 1), "depth": (3, 4), "agenda": (3, 4), "hand": (2, 4)}
 
 
 # ---- compile counting (for the hand-batched baseline; dynax reports its own) ---------------
@@ -218,7 +218,8 @@ def print_result(r: dict, unit: str) -> None:
           flush=True)
 
 
-def _fmt(x, spec=".1f"):
+def fmt(x, spec=".1f") -> str:
+    """``x`` formatted, or '-' for None / NaN."""
     return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else format(x, spec)
 
 
@@ -231,10 +232,10 @@ def print_table(results: dict, unit: str, title: str = "") -> None:
           f"{'x none':>8}{'x hand':>8}{'batches':>8}{'comp/st':>8}  "
           + " ".join(f"{k:>8}" for k in PHASES))
     for r in results.values():
-        b = _fmt(r["batches_per_update"], ".0f") if r["nodes_per_update"] else "-"
+        b = fmt(r["batches_per_update"], ".0f") if r["nodes_per_update"] else "-"
         print(f"{r['system']:<18}{r['items_per_s']:>12.1f}{r['median_items_per_s']:>9.1f}"
               f"{r['fresh_items_per_s']:>8.1f}{r['ms_per_update']:>9.1f}"
-              f"{_fmt(r.get('x_none'), '.2f'):>8}{_fmt(r.get('x_hand'), '.2f'):>8}{b:>8}"
+              f"{fmt(r.get('x_none'), '.2f'):>8}{fmt(r.get('x_hand'), '.2f'):>8}{b:>8}"
               f"{r['compiles_per_step']:>8.2f}  "
               + " ".join(f"{r[k + '_ms']:>8.1f}" for k in PHASES), flush=True)
 

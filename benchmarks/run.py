@@ -72,13 +72,17 @@ def bench_task(name: str, strategies, quick: bool, out_dir: str) -> dict | None:
     return by_batch
 
 
-def _main_result(task_results: dict) -> dict:
+def _main_result(task_results: dict, batch: int | None) -> dict:
     """The results at the task's default batch size (the largest if that was not run)."""
-    return task_results[max(task_results)] if task_results else {}
+    if not task_results:
+        return {}
+    return task_results.get(batch) or task_results[max(task_results)]
 
 
-def print_summary(all_results: dict) -> None:
-    """One line per task (and batch size) and the targets, met or missed."""
+def print_summary(all_results: dict, default_batch: dict | None = None) -> None:
+    """One line per task (and batch size) and the targets, met or missed (at the task's
+    ``BATCH``, given per task name in ``default_batch``)."""
+    default_batch = default_batch or {}
     print("\n===== Summary (items/s in steady state, mean over the timed updates; "
           "ratios within this run)")
     print(f"{'task':<18}{'batch':>6}{'unit':>11}{'none':>9}{'depth':>9}{'agenda':>9}"
@@ -88,16 +92,16 @@ def print_summary(all_results: dict) -> None:
             if not res:
                 continue
             unit = next(iter(res.values())).get("unit", "")
-            cells = [harness._fmt(res[s]["items_per_s"]) if s in res else "-"
+            cells = [harness.fmt(res[s]["items_per_s"]) if s in res else "-"
                      for s in harness.SYSTEMS]
             ag = res.get("agenda", {})
             print(f"{name:<18}{bs:>6}{unit:>11}" + "".join(f"{c:>9}" for c in cells)
-                  + f"{harness._fmt(ag.get('x_none'), '.2f'):>13}"
-                  + f"{harness._fmt(ag.get('x_hand'), '.2f'):>13}"
-                  + f"{harness._fmt(ag.get('compiles_per_step'), '.2f'):>9}")
+                  + f"{harness.fmt(ag.get('x_none'), '.2f'):>13}"
+                  + f"{harness.fmt(ag.get('x_hand'), '.2f'):>13}"
+                  + f"{harness.fmt(ag.get('compiles_per_step'), '.2f'):>9}")
     print("\nSpeed targets:")
     for task, desc, kind, value in TARGETS:
-        res = _main_result(all_results.get(task) or {})
+        res = _main_result(all_results.get(task) or {}, default_batch.get(task))
         measured, status = check_target(kind, value, res.get("agenda"))
         print(f"  [{status:^7}] {task:<17} {desc:<52} measured {measured}")
 
@@ -121,12 +125,13 @@ def main(argv=None) -> dict:
     print(f"dynax benchmarks: tasks {', '.join(tasks)}; systems {', '.join(strategies)}; "
           f"{'quick' if args.quick else 'full'} run; jax {jax.__version__} on "
           f"{jax.devices()[0].platform}", flush=True)
-    all_results = {}
+    all_results, default_batch = {}, {}
     for name in tasks:
         res = bench_task(name, strategies, args.quick, args.out)
         if res is not None:
             all_results[name] = res
-    print_summary(all_results)
+            default_batch[name] = harness.load_task(name).BATCH
+    print_summary(all_results, default_batch)
     return all_results
 
 

@@ -30,11 +30,14 @@ At test time each parser follows its own highest-scoring legal action (greedy de
 
 What to expect
 --------------
-It prints the data with a baseline (each word attached to the previous word, and to the next
+It prints the data with baselines (each word attached to the previous word, or to the next
 word), a learning curve (hinge loss per sentence and how often the model's own choice
 agrees with the oracle during training), then the unlabeled attachment score (UAS) of greedy
-decoding on held-out sentences -- far above both baselines -- and speeds (sentences/s of
-training; lockstep decoding under autobatch "none" and "agenda").
+decoding on held-out sentences -- far above both baselines, near 1.0 with the default budget
+since the attachment rules are deterministic -- and the accuracy on prepositions alone (PP
+attachment, where the "with" rule needs the noun's animacy) against always attaching low;
+then speeds (sentences/s of training; lockstep decoding under autobatch "none" and
+"agenda").
 
 Run ``python examples/parser.py`` (``--budget`` seconds for the whole run, ``--quick`` for a
 smoke-test-sized run, ``--seed`` changes data and initialisation).
@@ -152,16 +155,24 @@ def make_splits(n_train: int, n_test: int, seed: int, max_len: int = 30):
     return data[:n_train], data[n_train:]
 
 
+PREPOSITIONS = frozenset(WORD_ID[w] for w in LEX["P_NOUN"] + LEX["P_VERB"] + [WITH])
+
+
 def baseline_uas(data) -> dict:
     """UAS of attaching every word to the previous word (the first to the root) and to the
-    next word (the last to the root)."""
-    prev = nxt = total = 0
+    next word (the last to the root); and how often "previous word" is right for the
+    prepositions alone (always attaching a PP low, to the noun before it)."""
+    prev = nxt = total = pp_prev = pp_total = 0
     for words, heads in data:
         n = len(words)
         prev += sum(h == i for i, h in enumerate(heads))  # word i+1 -> i
         nxt += sum(h == (i + 2 if i + 1 < n else 0) for i, h in enumerate(heads))
         total += n
-    return {"previous": prev / total, "next": nxt / total}
+        pp = [i for i, w in enumerate(words) if w in PREPOSITIONS]
+        pp_prev += sum(heads[i] == i for i in pp)
+        pp_total += len(pp)
+    return {"previous": prev / total, "next": nxt / total,
+            "pp_previous": pp_prev / max(pp_total, 1)}
 
 
 # ============================================================================================
@@ -245,8 +256,7 @@ class BiLSTMParser:
 
     def encode(self, words):
         """Token vectors: index 0 is ROOT (read last by the BiLSTM), then the words; and the
-        sentence's own padding vector (a per-sentence node, so all feature arguments of the
-        MLP are per-instance values)."""
+        learned vector that stands for a missing stack or buffer item."""
         hs = self.bilstm.transduce([self.E[w] for w in words] + [self.E[WORD_ID[ROOT]]])
         return [hs[-1]] + hs[:-1], self.PAD[0]
 
@@ -265,8 +275,8 @@ def run_parsers(model, batch, train: bool):
 
     Each step: the scores of all unfinished parsers, one ``dx.forward`` over them, then one
     transition each -- the oracle's when ``train`` (with a hinge-loss node where the oracle
-    action does not win by 1), else the best-scoring legal action. Returns (loss expressions, predicted
-    heads per sentence, oracle agreement count, decisions).
+    action does not win by 1), else the best-scoring legal action. Returns (loss
+    expressions, predicted heads per sentence, oracle agreement count, decisions).
     """
     encoded = [model.encode(words) for words, _ in batch]
     configs = [Configuration(len(words)) for words, _ in batch]
@@ -338,14 +348,18 @@ def forward_values(model, batch, autobatch: str) -> np.ndarray:
 
 
 def evaluate(model, data, chunk: int = 32) -> dict:
-    """Unlabeled attachment score of greedy decoding; ``chunk`` sentences per graph."""
-    correct = total = 0
+    """Unlabeled attachment score of greedy decoding, overall and on prepositions alone (PP
+    attachment); ``chunk`` sentences per graph."""
+    correct = total = pp_correct = pp_total = 0
     for start in range(0, len(data), chunk):
         part = data[start:start + chunk]
-        for (_, gold), pred in zip(part, parse(model, [w for w, _ in part])):
-            correct += sum(p == g for p, g in zip(pred, gold))
+        for (words, gold), pred in zip(part, parse(model, [w for w, _ in part])):
+            right = [p == g for p, g in zip(pred, gold)]
+            correct += sum(right)
             total += len(gold)
-    return {"uas": correct / total}
+            pp_correct += sum(r for r, w in zip(right, words) if w in PREPOSITIONS)
+            pp_total += sum(w in PREPOSITIONS for w in words)
+    return {"uas": correct / total, "pp_attachment": pp_correct / max(pp_total, 1)}
 
 
 def minibatches(data, size: int, rng: np.random.Generator):
@@ -423,7 +437,8 @@ def main(argv=None) -> dict:
     print("  e.g. " + " ".join(f"{VOCAB[w]}<-{h}" for w, h in zip(words, heads))
           + "   (word<-head position, 0 = root)")
     print(f"  baselines on held-out: attach to previous word UAS {base['previous']:.3f}, "
-          f"to next word {base['next']:.3f}")
+          f"to next word {base['next']:.3f}; prepositions attached low (to the previous "
+          f"word) {base['pp_previous']:.3f}")
 
     # ---- model ------------------------------------------------------------------------------
     pc = dx.ParameterCollection(seed=args.seed)
@@ -501,6 +516,8 @@ def main(argv=None) -> dict:
     print(f"  held-out UAS {after['uas']:.3f} (untrained {before['uas']:.3f}) vs attach to "
           f"previous word {base['previous']:.3f}, to next word {base['next']:.3f}   "
           f"({len(test) / eval_seconds:.0f} sentences/s decoding)")
+    print(f"  PP attachment (prepositions' heads) {after['pp_attachment']:.3f} vs attaching "
+          f"low {base['pp_previous']:.3f}")
     if speed:
         print(f"  lockstep decoding, kernels warm: none {speed['none']:.1f} sentences/s, "
               f"agenda {speed['agenda']:.1f} sentences/s ({speed['ratio']:.1f}x faster)")

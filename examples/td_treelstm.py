@@ -486,10 +486,12 @@ def main(argv=None) -> dict:
     print(f"  sampled trees well-formed: {ok:.0%} of {len(samples)} from the trained model vs "
           f"{untrained_ok:.0%} of {n_untrained} untrained ({capped:.0%} hit a cap; "
           f"{np.mean(gen_sizes):.1f} nodes on average vs {sizes.mean():.1f} in the data; "
-          f"generated in lockstep at {len(samples) / sample_seconds:.0f} trees/s)")
+          f"generated in lockstep at {len(samples) / sample_seconds:.0f} trees/s, compilation "
+          "included); e.g. (* = not well-formed)")
     for t in samples[:4]:
         print(f"    {'  ' if well_formed(t) else '* '}{bracket(t)}")
-    print(f"  untrained, e.g. {bracket(untrained_trees[0])[:100]}")
+    text = bracket(untrained_trees[0])
+    print(f"  untrained, e.g. {text[:90] + ' ...' if len(text) > 90 else text}")
     if speed:
         print(f"  training speed, same minibatch(es), kernels warm: none {speed['none']:.0f} "
               f"trees/s, agenda {speed['agenda']:.0f} trees/s ({speed['ratio']:.1f}x faster)")

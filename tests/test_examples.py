@@ -87,7 +87,8 @@ def test_tagger_none_equals_agenda(tagger):
     pc = dx.ParameterCollection(seed=5)
     model = tagger.BiLSTMTagger(pc, len(tagger.VOCAB), q["dim"], q["hidden"], len(tagger.TAGS))
     batch, _ = tagger.make_splits(4, 0, seed=5)
-    _same(tagger.forward_values(model, batch, "none"), tagger.forward_values(model, batch, "agenda"))
+    _same(tagger.forward_values(model, batch, "none"),
+          tagger.forward_values(model, batch, "agenda"))
 
 
 # ---- rnnlm --------------------------------------------------------------------------------------
@@ -158,6 +159,7 @@ def test_parser_quick_run(parser, capsys):
     assert _decreasing(r["curve"])
     assert r["curve"][-1][2] > r["curve"][0][2]  # agrees with the oracle more often
     assert 0.0 <= r["before"]["uas"] <= 1.0 and 0.0 <= r["after"]["uas"] <= 1.0
+    assert 0.0 <= r["after"]["pp_attachment"] <= 1.0 and 0.0 < r["baselines"]["pp_previous"] < 1.0
     assert "held-out UAS" in out
 
 
@@ -170,21 +172,20 @@ def test_parser_none_equals_agenda(parser):
           parser.forward_values(model, batch, "agenda"))
 
 
-# ---- top-down tree generator ----------------------------------------------------------------------
+# ---- top-down tree generator ------------------------------------------------------------------
 
 def test_td_grammar(td):
     train, _ = td.make_splits(300, 0, seed=0, max_depth=5)
     for tree in train:
         assert td.well_formed(("ROOT", [tree]))
         assert td.log_prob(tree, 5) <= 0.0
-    leaf = lambda lab: (lab, [])  # noqa: E731
-    good = ("S", [("NP", [leaf("D"), leaf("N")]), ("VP", [leaf("V")])])
+    d, n, v = ("D", []), ("N", []), ("V", [])
+    good = ("S", [("NP", [d, n]), ("VP", [v])])
     assert td.well_formed(("ROOT", [good]))
     assert math.isclose(td.log_prob(good, 5), math.log(0.45 * 0.20))
-    assert not td.well_formed(("ROOT", [good, good]))
-    assert not td.well_formed(("ROOT", [("S", [("NP", [leaf("N"), leaf("D")]), ("VP", [leaf("V")])])]))
-    assert not td.well_formed(("ROOT", [("S", [("NP", [leaf("D"), ("N", [leaf("D")])]),
-                                               ("VP", [leaf("V")])])]))
+    assert not td.well_formed(("ROOT", [good, good]))  # one S under the root
+    assert not td.well_formed(("ROOT", [("S", [("NP", [n, d]), ("VP", [v])])]))  # no NP -> N D
+    assert not td.well_formed(("ROOT", [("S", [("NP", [d, ("N", [d])]), ("VP", [v])])]))  # leaf
     assert td.bracket(("ROOT", [good])) == "(S (NP D N) (VP V))"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from .harness import PHASES, run_dynax, run_hand, summarise  # noqa: F401  (re-exported)
+# re-exported: benchmarks.overhead and older scripts import the model from here
 from .tasks.treelstm import (BATCH, EMB, HID, LR, DynaxTreeLSTM, HandBatched,  # noqa: F401
                              _compose, _leaf, compose_cell, leaf_cell)
 

@@ -23,10 +23,11 @@ from values computed while it runs.
 What to expect
 --------------
 It prints the data and two count-based baselines (add-one unigram and interpolated bigram
-perplexity on held-out sentences), the none-vs-agenda speed on the same minibatch, a learning
-curve (training loss per word), then held-out perplexity (well below the unigram's ~30 and
-below the bigram's) and sentences sampled from the trained LSTM with the fraction that the
-grammar accepts, next to the same fraction for sentences sampled from the bigram model.
+perplexity on held-out sentences), a learning curve (training loss per word), then held-out
+perplexity (well below the unigram's ~30 and below the bigram's), sentences sampled from the
+trained LSTM with the fraction that the grammar accepts, next to the same fraction for
+sentences sampled from the bigram model, and the training speed under autobatch "none" and
+"agenda" on the same minibatch.
 
 Run ``python examples/rnnlm.py`` (``--budget`` seconds for the whole run, ``--quick`` for a
 smoke-test-sized run, ``--seed`` changes data and initialisation).

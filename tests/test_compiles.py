@@ -66,6 +66,14 @@ def test_second_epoch_compiles_nothing(strategy):
     assert _compile_count() == before  # trainer updates included
     assert np.mean(losses2) < np.mean(losses1)  # and it trains
 
+    # evaluation graphs (train=False) over the same data reuse the training kernels
+    before = _compile_count()
+    for batch in data:
+        dx.renew_cg(autobatch=strategy, train=False)
+        loss = dx.esum([dx.pickneglogsoftmax(Wo @ encode(t), y) for t, y in batch])
+        assert np.isfinite(loss.value())
+    assert _compile_count() == before
+
 
 def test_second_identical_step_compiles_nothing():
     """As Optax's tests do: once a step has run, the same step again compiles nothing

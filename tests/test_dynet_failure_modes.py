@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 import dynax as dx
+from dynax.executor import engine as engine_module
 from dynax.executor.engine import UNIFORM_MIN_SIZE
+from dynax.graph.computation_graph import _engine
 from dynax.executor.kernels import UNIFORM
 from reference import STRATEGIES, assert_close, grads_of, zero_grads
 
@@ -109,9 +111,10 @@ def test_constants_of_different_values_stay_distinct(strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_memory_grows_during_autobatching(strategy):
+def test_memory_grows_during_autobatching(strategy, monkeypatch):
     """No pool is sized in advance: a graph grown far beyond the last one, including between
     two incremental forwards of one graph, just works."""
+    monkeypatch.setattr(engine_module, "ARENA_START_BYTES", 256)  # so the arenas must grow
     pc, W, v = _collection()
     zero_grads(pc)
     dx.release_memory()
@@ -120,7 +123,9 @@ def test_memory_grows_during_autobatching(strategy):
     first.forward()                                   # arenas sized for a tiny graph
     many = [dx.tanh(W @ dx.input(XS[i % 6] * (1 + i / 100))) for i in range(3000)]
     loss = dx.esum([dx.dot_product(h, v) for h in [first] + many])
+    small = {a: x.shape[0] for a, x in _engine().arenas.items()}
     got = loss.scalar_value()                         # incremental forward: 1000x more rows
+    assert any(_engine().arenas[a].shape[0] > n for a, n in small.items())  # it grew
     loss.backward()
 
     def ref(W, v):

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 import dynax as dx
+from dynax.executor import engine as engine_module
 from dynax.graph.computation_graph import _engine
 
 
@@ -91,7 +92,8 @@ def test_graph_memory_released_by_renew_cg():
     assert device_bytes() == base
 
 
-def test_arenas_grow_on_demand_and_shrink_when_asked():
+def test_arenas_grow_on_demand_and_shrink_when_asked(monkeypatch):
+    monkeypatch.setattr(engine_module, "ARENA_START_BYTES", 256)  # small first arenas
     dx.release_memory()
     assert arena_bytes() == 0
     model = Tagger()

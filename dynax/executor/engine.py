@@ -17,13 +17,18 @@ import numpy as np
 
 from ..batcher.strategies import schedule
 from ..device import get_device
-from ..ops.registry import AKEY_AVAL
+from ..ops.registry import AKEY_AVAL, CHEAP
 from .buckets import bucket
 from .validity import check_block, check_forward, check_param_grads
 from .kernels import GATHER, UNIFORM, backward_kernel, forward_kernel, load_block, \
     seed_gradient
 
-MIN_ROWS = 256
+MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
+ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
 UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
 
 
@@ -61,6 +66,10 @@ def _grad_flags(g, sig, nodes):
     rg, outs, node_vals = g.val_rg, g.node_out, g.node_vals
     if not any(rg[outs[nd]] for nd in nodes):
         return None
+    if sig.op.cost == CHEAP:
+        # Cheap ops differentiate every argument: a cotangent nobody reads costs little,
+        # while each flag pattern (e.g. the zero pads of an esum) would be a kernel to compile
+        return (True,) * len(sig.in_akeys)
     return tuple(any(rg[node_vals[nd][k]] for nd in nodes) for k in range(len(sig.in_akeys)))
 
 
@@ -81,12 +90,17 @@ class Engine:
         return start
 
     def _grow(self, akey: int, need: int):
-        cap = MIN_ROWS
+        # Every kernel that touches an arena is compiled for its capacity, so each growth
+        # recompiles them: start at ARENA_START_BYTES worth of rows (at least MIN_ROWS) and
+        # grow 4x at a time, trading some memory for far fewer growth steps and compiles.
+        old = self.arenas.get(akey)
+        row_bytes = max(1, AKEY_SIZE[akey] * AKEY_AVAL[akey].dtype.itemsize)
+        cap = old.shape[0] * 4 if old is not None else max(MIN_ROWS, _pow2(ARENA_START_BYTES
+                                                                           // row_bytes))
         while cap < need:
-            cap *= 2
+            cap *= 4
         aval = AKEY_AVAL[akey]
         new = jnp.zeros((cap,) + tuple(aval.shape), aval.dtype, device=get_device())
-        old = self.arenas.get(akey)
         if old is not None:
             new = new.at[: old.shape[0]].set(old)
         self.arenas[akey] = new
@@ -192,6 +206,8 @@ class Engine:
                              tuple(p._value for p in sig.params), packet)
         for a, arr in zip(kern.write_akeys, new):
             arenas[a] = arr
+        if gflags is None:
+            saved = ()  # from a reused training kernel: not needed
         g.batches.append(Batch(sig, modes, B, packet, nodes, gflags,
                                kern if gflags is not None else None, saved))
 

@@ -111,6 +111,12 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
     k = sig.kernels.get(key)
     if k is not None:
         return k
+    if gflags is None:
+        # an evaluation forward (no gradient) reuses a compiled training variant if there is
+        # one, ignoring its residuals, rather than compiling a residual-free twin
+        for other, k in sig.kernels.items():
+            if other[:3] == ("fwd", modes, B) and other[3] is not None:
+                return k
     out_off, val_off, int_off = _offsets(sig, modes, B)
     w_akeys = _unique(sig.out_akeys)
     r_akeys = _unique(a for a in sig.in_akeys if a not in w_akeys)

@@ -168,7 +168,11 @@ class Engine:
     def _run_forward(self, g, nodes):
         sig = g.node_sig[nodes[0]]
         n = len(nodes)
-        B = bucket(n)
+        # A lone node runs as 2 lanes (the second repeats the first): in a 1-lane kernel XLA
+        # turns the row gather into a dynamic slice fused with the in-place write and copies
+        # the whole arena twice per call (seen in the compiled HLO), which made node-by-node
+        # execution cost grow with the arena
+        B = bucket(n) if n > 1 else 2
         outs = g.node_out
         # where a gradient may flow, the forward kernel also saves the vjp residuals
         gflags = _grad_flags(g, sig, nodes) if g.train and not sig.op.row_gather else None

@@ -25,11 +25,11 @@ from .kernels import GATHER, UNIFORM, backward_kernel, forward_kernel, load_bloc
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
 ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)
+UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
-UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
 
 
 class _AkeySizes(dict):

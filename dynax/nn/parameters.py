@@ -28,7 +28,7 @@ def _init_array(init, key, shape, dtype):
         arr = np.asarray(init, dtype)
         if arr.shape != tuple(shape):
             raise InvalidArgumentError(f"add_parameters: init array has shape {arr.shape}, "
-                             f"expected {tuple(shape)}")
+                                       f"expected {tuple(shape)}")
         return jnp.asarray(arr)
     if init == "glorot":
         fan_out = shape[0]
@@ -44,7 +44,7 @@ def _init_array(init, key, shape, dtype):
     if init == "ones":
         return jnp.ones(shape, dtype)
     raise InvalidArgumentError(f"add_parameters: unknown init {init!r}; use one of {INITS}, "
-                     "an array of the right shape or a callable (key, shape) -> array")
+                               "an array of the right shape or a callable (key, shape) -> array")
 
 
 class Parameter(Operators):
@@ -73,7 +73,8 @@ class Parameter(Operators):
         """Replace the value with ``array`` (same shape)."""
         arr = np.asarray(array, self.dtype)
         if arr.shape != self.shape:
-            raise InvalidArgumentError(f"set_value: {self.name} has shape {self.shape}, got {arr.shape}")
+            raise InvalidArgumentError(
+                f"set_value: {self.name} has shape {self.shape}, got {arr.shape}")
         self._value = jax.device_put(arr, get_device())
 
     def npvalue(self) -> np.ndarray:
@@ -159,7 +160,8 @@ class ParameterCollection:
         root = self._root
         base = self._prefix + (name if name else kind)
         if not re.fullmatch(r"[\w./-]+", base):
-            raise InvalidArgumentError(f"parameter name {base!r} may contain only letters, digits, _ . / -")
+            raise InvalidArgumentError(
+                f"parameter name {base!r} may contain only letters, digits, _ . / -")
         full, i = base, 0
         while full in root._names:
             i += 1

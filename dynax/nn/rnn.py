@@ -179,7 +179,8 @@ class _RNNBuilder:
         """Apply ``dx.dropout(·, p)`` to the input of every layer from now on (0 disables)."""
         p = float(p)
         if not 0.0 <= p < 1.0:
-            raise InvalidArgumentError(f"{type(self).__name__}.set_dropout: p must be in [0, 1), got {p}")
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.set_dropout: p must be in [0, 1), got {p}")
         self.dropout_rate = p
 
     def disable_dropout(self) -> None:
@@ -196,8 +197,9 @@ class _RNNBuilder:
             return RNNState(self, tuple((z,) * n for _ in range(L)))
         vecs = [_as_expr(v) for v in vecs]
         if len(vecs) != n * L:
-            raise InvalidArgumentError(f"{who}: expected {n * L} vectors ({n} per layer for {L} layers), "
-                             f"got {len(vecs)}")
+            raise InvalidArgumentError(
+                f"{who}: expected {n * L} vectors ({n} per layer for {L} layers), "
+                f"got {len(vecs)}")
         for v in vecs:
             _check_vector(who, "each initial vector", v, self.hidden_dim)
         return RNNState(self, tuple(tuple(vecs[k * L + layer] for k in range(n))
@@ -255,7 +257,7 @@ class BiRNNBuilder:
         _check_dims("BiRNNBuilder", layers=layers, input_dim=input_dim, hidden_dim=hidden_dim)
         if hidden_dim % 2:
             raise InvalidArgumentError(f"BiRNNBuilder: hidden_dim must be even (each direction has "
-                             f"hidden_dim // 2 units), got {hidden_dim}")
+                                       f"hidden_dim // 2 units), got {hidden_dim}")
         builder_cls = LSTMBuilder if builder_cls is None else builder_cls
         self.layers, self.input_dim, self.hidden_dim = int(layers), int(input_dim), int(hidden_dim)
         self.pc = _fresh_subcollection(pc, "birnn")

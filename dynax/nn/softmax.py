@@ -71,12 +71,14 @@ class ClassFactoredSoftmaxBuilder:
             raise InvalidArgumentError(f"{who}: word_to_class is empty")
         for w, c in enumerate(w2c):
             if not isinstance(c, numbers.Integral) or isinstance(c, bool) or c < 0:
-                raise InvalidArgumentError(f"{who}: class of word {w} must be a non-negative int, got {c!r}")
+                raise InvalidArgumentError(
+                    f"{who}: class of word {w} must be a non-negative int, got {c!r}")
         n_classes = max(w2c) + 1
         sizes = np.bincount(np.asarray(w2c, np.int64), minlength=n_classes)
         if (sizes == 0).any():
-            raise InvalidArgumentError(f"{who}: class ids must be 0..{n_classes - 1} with every class "
-                             f"used; class {int(np.argmin(sizes))} has no word")
+            raise InvalidArgumentError(
+                f"{who}: class ids must be 0..{n_classes - 1} with every class "
+                f"used; class {int(np.argmin(sizes))} has no word")
         self.input_dim, self.vocab_size, self.n_classes = int(input_dim), len(w2c), n_classes
         self.word_to_class = [int(c) for c in w2c]
         counts = [0] * n_classes

@@ -38,7 +38,7 @@ def _kind(x, opname):
     if isinstance(x, (np.ndarray, jax.Array)):
         return "v", input(x)
     raise ArgumentTypeError(f"{opname}: unsupported argument of type {type(x).__name__}; "
-                    "expected an Expression, a Parameter, a number or an array")
+                            "expected an Expression, a Parameter, a number or an array")
 
 
 def atomic(fn):
@@ -267,7 +267,8 @@ def _binop(op, a, b):
         ka, _ = _kind(a, op.name)
         kb, _ = _kind(b, op.name)
         if ka == "s" and kb == "s":
-            raise ArgumentTypeError(f"{op.name}: at least one argument must be an Expression or Parameter")
+            raise ArgumentTypeError(
+                f"{op.name}: at least one argument must be an Expression or Parameter")
     return _apply(op, a, b)
 
 
@@ -381,7 +382,7 @@ def affine_transform(args):
     args = list(args)
     if len(args) % 2 != 1:
         raise InvalidArgumentError(f"affine_transform: expected [b, W1, x1, ...] (odd length), "
-                         f"got {len(args)} items")
+                                   f"got {len(args)} items")
     return _apply(AFFINE, *args)
 
 
@@ -485,7 +486,8 @@ def _list_args(xs, opname):
     for x in xs:
         k, item = _kind(x, opname)
         if k == "s":
-            raise ArgumentTypeError(f"{opname}: list items must be Expressions or Parameters, got {x!r}")
+            raise ArgumentTypeError(
+                f"{opname}: list items must be Expressions or Parameters, got {x!r}")
         out.append(item)
     return out
 

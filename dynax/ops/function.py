@@ -78,16 +78,17 @@ class Function:
                     hash(a)
                 except TypeError:
                     raise ArgumentTypeError(f"{self.op.name}: static argument {a!r} is not hashable"
-                                    ) from None
+                                            ) from None
                 kinds.append("s"); items.append(a)
             else:
-                raise ArgumentTypeError(f"{self.op.name}: unsupported argument of type {type(a).__name__}")
+                raise ArgumentTypeError(
+                    f"{self.op.name}: unsupported argument of type {type(a).__name__}")
         if not graph_mode:
             return self.fn(*args)  # plain JAX call (nested inside a traced dx.function)
         for i, k in enumerate(kinds):
             if k == "a":
                 raise ArgumentTypeError(f"{self.op.name}: argument {i} is a JAX array mixed with "
-                                "Expressions; wrap constants with dx.input")
+                                        "Expressions; wrap constants with dx.input")
             if k == "n":
                 kinds[i], items[i] = "v", input(items[i])
         return _node(self.op, "".join(kinds), items)

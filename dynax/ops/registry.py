@@ -182,7 +182,8 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
     outs = tuple(out) if multi else (out,)
     for o in outs:
         if not isinstance(o, jax.ShapeDtypeStruct):
-            raise ArgumentTypeError(f"{op.name}: outputs must be arrays or a tuple of arrays, got {out!r}")
+            raise ArgumentTypeError(
+                f"{op.name}: outputs must be arrays or a tuple of arrays, got {out!r}")
     out_akeys = tuple(akey_of(o.shape, o.dtype) for o in outs)
     sig = Signature(len(SIGNATURES), op, kinds, tuple(statics), tuple(params), tuple(param_pos),
                     tuple(in_akeys), out_akeys, multi, bounds)

@@ -15,12 +15,12 @@ autobatching paper (Neubig et al., 2017): graph ``build``, ``schedule`` (batchin
 ``forward``, ``backward`` (host time of dispatching the kernels), ``wait`` (blocked on the
 device) and ``update`` (dispatching the optimizer step); they add up to the wall time.
 
-Both systems run the loop a user writes, with JAX's asynchronous dispatch: nothing waits for
-the device but reading a value. dynax reads each update's loss after its forward pass (the graph
-is gone after the update), so its backward pass and optimizer step run on the device while the
-next graph is built; the baseline keeps its losses on the device and they are read after the
-timed updates, so its host-side packing overlaps the previous step. Each timed pass starts
-with the device idle and ends when it has finished; ``wait`` is where the host blocked.
+Both systems run the loop a user writes, with JAX's asynchronous dispatch: each update reads
+its loss, and nothing else waits for the device. The baseline's loss comes out of its fused
+jitted step, so reading it waits for the whole step; dynax's is read after the forward pass,
+so its backward pass and optimizer step run on the device while the next graph is built. The
+timed pass starts with the device idle and ends when it has finished; ``wait`` is where the
+host blocked.
 """
 from __future__ import annotations
 
@@ -167,9 +167,11 @@ def run_hand(task, warm: list, timed: list, batch_size: int) -> dict:
 
     Its warm-up also compiles the timed batches' jit signatures not met in the warm-up
     batches: what a user precompiling the buckets of a fixed dataset would do (dynax gets the
-    same: an untimed pass over the timed batches, see ``run_dynax``). With ``HandModel.signature`` that is one extra update per new signature;
-    without it, one extra pass over the timed batches. ``build`` is the host-side packing;
-    the jitted step (forward, backward and Adam fused) is reported as ``forward``.
+    same: an untimed pass over the timed batches, see ``run_dynax``). With
+    ``HandModel.signature`` that is one extra update per new signature; without it, one extra
+    pass over the timed batches. ``build`` is the host-side packing, ``forward`` dispatching
+    the jitted step (forward, backward and Adam fused) and ``wait`` the step itself (reading
+    its loss).
     """
     init = initial_values(task)
     jax.clear_caches()
@@ -185,25 +187,20 @@ def run_hand(task, warm: list, timed: list, batch_size: int) -> dict:
     else:
         extra = list(timed)
     rows = []
-    steps, lv = warm + extra + timed, None
     with contextlib.ExitStack() as heap:  # settled for the timed updates
-        for i, batch in enumerate(steps):
+        for i, batch in enumerate(warm + extra + timed):
             if i == len(warm) + len(extra):
-                jax.block_until_ready(lv)  # the timed pass starts with the device idle
                 heap.enter_context(settled_heap())
             n0, c0 = _compiles[0], time.process_time()
             t0 = time.perf_counter()
-            lv, pack_s = model.update(batch)
+            loss, pack_s = model.update(batch)
             t1 = time.perf_counter()
-            if i == len(steps) - 1:
-                jax.block_until_ready(lv)  # and ends when the device has finished
+            lv = float(loss)  # waits for the step
             t2 = time.perf_counter()
             rows.append({"total": t2 - t0, "cpu": time.process_time() - c0, "build": pack_s,
                          "schedule": 0.0, "forward": t1 - t0 - pack_s, "backward": 0.0,
                          "wait": t2 - t1, "update": 0.0, "loss": lv, "nodes": 0, "batches": 0,
                          "compiles": _compiles[0] - n0})
-    for r in rows:  # the baselines return their loss on the device: read now, not per step
-        r["loss"] = float(r["loss"])
     out = summarise("hand-batched JAX", rows, len(warm) + len(extra), batch_size)
     out["signatures"] = len(model.signatures)
     return out

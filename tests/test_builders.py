@@ -285,6 +285,38 @@ def test_birnn_lstm_values():
     np.testing.assert_allclose(np.stack([o.npvalue() for o in outs]), np.stack(want), **TOL)
 
 
+def test_birnn_one_node_per_position_and_layer():
+    """Both directions' steps at a position are one node: a 2-layer BiRNN over n inputs adds
+    n paired nodes per layer (plus the layer-1 concatenations), not 2n."""
+    n = 5
+    cg = dx.renew_cg()
+    xs = [dx.input(_rand(IN)) for _ in range(n)]
+    before = len(cg.node_sig)
+    BI.transduce(xs)
+    names = [s.op.name for s in cg.node_sig[before:]]
+    paired = [m for m in names if m.startswith("bidirectional")]
+    assert len(paired) == 2 * n, names  # n per layer
+    assert len(names) == 2 * n + n + n, names  # + n concatenations per layer output
+
+
+class _ScaledRNN(dx.nn.SimpleRNNBuilder):
+    """A builder with its own step: BiRNNBuilder must run its directions separately."""
+
+    def _step(self, params, x, state):
+        return super()._step(params, 0.5 * x, state)
+
+
+@pytest.mark.parametrize("strategy", ("none", "agenda"))
+def test_birnn_with_a_custom_step(strategy):
+    pc = dx.ParameterCollection(seed=4)
+    bi = dx.nn.BiRNNBuilder(1, IN, 2 * HID, pc, _ScaledRNN)
+    xs = [_rand(IN) for _ in range(4)]
+    dx.renew_cg(autobatch=strategy)
+    outs = bi.transduce([dx.input(x) for x in xs])
+    want = ref_birnn(ref_rnn, 1, 1, [p.value for p in pc.parameters()], [0.5 * x for x in xs])
+    np.testing.assert_allclose(np.stack([o.npvalue() for o in outs]), np.stack(want), **TOL)
+
+
 # ---- tree-LSTMs ----------------------------------------------------------------------------------
 
 TREE = dx.nn.TreeLSTMBuilder(IN, HID, PC)

@@ -228,7 +228,7 @@ class HandTagger:
         t1 = time.perf_counter()
         self.signatures.add(sig)
         self.params, self.opt_state, loss = self.step(self.params, self.opt_state, *arrays)
-        return loss, t1 - t0  # read by the caller (reading waits for the step)
+        return loss, t1 - t0  # the caller reads it (which waits for the step)
 
 
 HandModel = HandTagger

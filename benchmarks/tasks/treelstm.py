@@ -229,7 +229,7 @@ class HandBatched:
         self.signatures.add(sig)
         self.params, self.opt_state, loss = self.step(sig, self.params, self.opt_state,
                                                       *arrays)
-        return loss, t1 - t0  # read by the caller (reading waits for the step)
+        return loss, t1 - t0  # the caller reads it (which waits for the step)
 
 
 # the task interface

@@ -8,8 +8,9 @@ immutable position in a sequence::
     s2.output()                          # top-layer h
     hs = builder.initial_state().transduce(xs)
 
-Each layer step is ONE graph node (a ``@dx.function`` cell), so the autobatcher runs the same
-step of many sequences (and of different time steps that are ready together) as one kernel.
+Each layer step is ONE graph node (a ``@dx.function`` cell; ``BiRNNBuilder`` puts a step of
+each direction in one node), so the autobatcher runs the same step of many sequences (and of
+different time steps that are ready together) as one kernel.
 Equations, with ``σ`` the logistic sigmoid and ``[W_x | W_h]`` one layer's weights:
 
 * SimpleRNN: ``h' = tanh(W_x x + W_h h + b)``
@@ -248,7 +249,9 @@ class BiRNNBuilder:
 
     Each of the ``layers`` layers has a forward and a backward one-layer ``builder_cls`` of
     ``hidden_dim // 2`` units; a layer's outputs are ``concatenate([fwd_t, bwd_t])`` (size
-    ``hidden_dim``) and feed the next layer.
+    ``hidden_dim``) and feed the next layer. Step t of the forward direction and step t of the
+    backward one (position n-1-t) are one graph node (both cells, each with its own weights),
+    so a layer costs one node and one kernel launch per position, not two.
     """
 
     def __init__(self, layers: int, input_dim: int, hidden_dim: int, pc, builder_cls=None):

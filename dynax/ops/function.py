@@ -19,6 +19,24 @@ from .registry import HEAVY, OpDef
 
 
 _OPS: dict = {}  # fn -> its OpDef
+_KINDS: dict = {}  # tuple of argument types -> kinds string ("" when no graph argument)
+
+
+def _fast_kinds(types) -> str | None:
+    """The kinds of arguments of these exact types, "" if none is an Expression or a
+    Parameter (a plain call), None if one needs the general path."""
+    kinds = []
+    for t in types:
+        if t is Expression:
+            kinds.append("v")
+        elif t in _PARAMETER_TYPES:
+            kinds.append("p")
+        elif t is int or t is float or t is str:
+            kinds.append("s")  # static: part of the signature
+        else:
+            return None
+    kinds = "".join(kinds)
+    return kinds if "v" in kinds or "p" in kinds else ""
 
 
 class Function:
@@ -42,23 +60,18 @@ class Function:
     def __call__(self, *args, **kwargs):
         if kwargs:
             raise ArgumentTypeError(f"{self.op.name}: dx.function arguments must be positional")
-        kinds = []
-        graph_mode = False
-        for a in args:  # fast path: Expressions, Parameters and plain static scalars
-            t = type(a)
-            if t is Expression:
-                kinds.append("v")
-                graph_mode = True
-            elif t in _PARAMETER_TYPES:
-                kinds.append("p")
-                graph_mode = True
-            elif t is int or t is float or t is str:
-                kinds.append("s")  # static: part of the signature
-            else:
+        # fast path: Expressions, Parameters and plain static scalars, kinds cached per
+        # pattern of argument types (one dict lookup instead of a branch per argument)
+        types = tuple(map(type, args))
+        kinds = _KINDS.get(types)
+        if kinds is None:
+            kinds = _fast_kinds(types)
+            if kinds is None:
                 return self._call_general(args)
-        if not graph_mode:
+            _KINDS[types] = kinds
+        if not kinds:
             return self.fn(*args)  # no graph argument: a plain call
-        return _node(self.op, "".join(kinds), args)
+        return _node(self.op, kinds, args)
 
     @atomic
     def _call_general(self, args):

@@ -7,7 +7,7 @@ A task module (``benchmarks/tasks/<name>.py``) provides::
     make_batches(n_batches, seed, batch_size=BATCH) -> list   # deterministic data
     DynaxModel(seed)                 # .pc, .loss(batch) -> summed loss in the current graph
     HandModel(init) or None          # hand-batched JAX: .signatures, .update(batch) -> (loss, pack s)
-                                     # optional .signature(batch): lets the warm-up precompile
+                                     # .signature(batch) or None: lets the warm-up precompile
 
 ``run_dynax`` times one autobatching strategy, ``run_hand`` the baseline; both return a dict
 of figures (``summarise``). The time split per update is the one of Figure 2 of DyNet's
@@ -176,7 +176,7 @@ def run_hand(task, warm: list, timed: list, batch_size: int) -> dict:
     init = initial_values(task)
     jax.clear_caches()
     model = task.HandModel(init)
-    if hasattr(model, "signature"):
+    if getattr(model, "signature", None) is not None:
         seen = {model.signature(b) for b in warm}
         extra = []
         for b in timed:

@@ -44,13 +44,13 @@ smoke-test-sized run, ``--seed`` changes data and initialisation).
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import jax.numpy as jnp
 import numpy as np
 
 import dynax as dx
+from _training import minibatches, parse_run_args, run_parser
 
 # ============================================================================================
 # Data: a head-driven generator of projective dependency trees.
@@ -362,14 +362,6 @@ def evaluate(model, data, chunk: int = 32) -> dict:
     return {"uas": correct / total, "pp_attachment": pp_correct / max(pp_total, 1)}
 
 
-def minibatches(data, size: int, rng: np.random.Generator):
-    """Endless shuffled minibatches (a new permutation each epoch)."""
-    while True:
-        order = rng.permutation(len(data))
-        for start in range(0, len(order) - size + 1, size):
-            yield [data[i] for i in order[start:start + size]]
-
-
 def compare_speed(model, sentences, max_warmup: int = 3) -> dict:
     """Sentences/s of lockstep greedy decoding under "none" and "agenda", each timed after
     warm-up passes that compile its kernels."""
@@ -387,18 +379,8 @@ def compare_speed(model, sentences, max_warmup: int = 3) -> dict:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--budget", type=float, default=80.0,
-                    help="seconds for the whole run, compilation and evaluation included")
-    ap.add_argument("--updates", type=int, default=0,
-                    help="train for exactly this many updates instead (0: use the budget)")
-    ap.add_argument("--min-updates", type=int, default=40,
-                    help="train at least this long even if the budget is spent (slow machine)")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke test: the QUICK settings (4 sentences, 10 updates, tiny model)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--train-size", type=int, default=4000)
-    ap.add_argument("--test-size", type=int, default=256)
+    ap = run_parser(__doc__, budget_covers="compilation and evaluation",
+                    quick_is="4 sentences, 10 updates, tiny model", train_size=4000)
     ap.add_argument("--dim", type=int, default=32, help="word embedding size")
     ap.add_argument("--hidden", type=int, default=64, help="BiLSTM output size (both directions)")
     ap.add_argument("--mlp", type=int, default=64, help="MLP hidden size")
@@ -406,7 +388,7 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--speed-sentences", type=int, default=32,
                     help="sentences decoded for the none-vs-agenda comparison (0: skip)")
-    return ap.parse_args(argv)
+    return parse_run_args(ap, argv, QUICK)
 
 
 SPEED_RESERVE = 12.0  # seconds kept for the none-vs-agenda comparison (compiles "none" kernels)
@@ -421,10 +403,6 @@ QUICK = dict(train_size=4, test_size=4, batch=4, dim=16, hidden=16, mlp=16, lr=1
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.quick:
-        # the --quick settings, except those given explicitly on the command line
-        given = {k for k, v in vars(args).items() if v != parse_args([]).__dict__[k]}
-        vars(args).update({k: v for k, v in QUICK.items() if k not in given})
     t_start = time.perf_counter()
 
     # ---- data and baselines -----------------------------------------------------------------

@@ -33,12 +33,12 @@ smoke-test-sized run, ``--seed`` changes data and initialisation).
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
 import dynax as dx
+from _training import compare_speed, minibatches, parse_run_args, run_parser
 
 # ============================================================================================
 # Data: a tagged lexicon, a small grammar and a seeded sentence generator.
@@ -217,54 +217,16 @@ def evaluate(model, data, chunk: int = 32) -> dict:
             "accuracy_ambiguous": amb_correct / max(amb_total, 1)}
 
 
-def minibatches(data, size: int, rng: np.random.Generator):
-    """Endless shuffled minibatches (a new permutation each epoch)."""
-    while True:
-        order = rng.permutation(len(data))
-        for start in range(0, len(order) - size + 1, size):
-            yield [data[i] for i in order[start:start + size]]
-
-
-def compare_speed(model, trainer, batches, max_warmup: int = 4):
-    """Tokens/s of full training steps under "none" and "agenda" on the same minibatches,
-    each timed after warm-up passes that compile its kernels. Returns (speeds, updates)."""
-    result, updates = {}, 0
-    for strategy in ("none", "agenda"):
-        for _ in range(max_warmup):
-            compiles = 0
-            for b in batches:
-                compiles += train_step(model, trainer, b, strategy)[2]["compiles"]
-                updates += 1
-            if compiles == 0:
-                break
-        t0 = time.perf_counter()
-        tokens = sum(train_step(model, trainer, b, strategy)[1] for b in batches)
-        result[strategy] = tokens / (time.perf_counter() - t0)
-        updates += len(batches)
-    result["ratio"] = result["agenda"] / result["none"]
-    return result, updates
-
-
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--budget", type=float, default=80.0,
-                    help="seconds for the whole run, compilation and evaluation included")
-    ap.add_argument("--updates", type=int, default=0,
-                    help="train for exactly this many updates instead (0: use the budget)")
-    ap.add_argument("--min-updates", type=int, default=40,
-                    help="train at least this long even if the budget is spent (slow machine)")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke test: the QUICK settings (4 sentences, 12 updates, tiny model)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--train-size", type=int, default=4000)
-    ap.add_argument("--test-size", type=int, default=256)
+    ap = run_parser(__doc__, budget_covers="compilation and evaluation",
+                    quick_is="4 sentences, 12 updates, tiny model", train_size=4000)
     ap.add_argument("--dim", type=int, default=32, help="word embedding size")
     ap.add_argument("--hidden", type=int, default=64, help="BiLSTM output size (both directions)")
     ap.add_argument("--batch", type=int, default=32, help="sentences per update")
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--speed-batches", type=int, default=1,
                     help="minibatches timed for the none-vs-agenda comparison (0: skip)")
-    return ap.parse_args(argv)
+    return parse_run_args(ap, argv, QUICK)
 
 
 SPEED_RESERVE = 12.0  # seconds kept for the none-vs-agenda comparison (compiles "none" kernels)
@@ -279,10 +241,6 @@ QUICK = dict(train_size=4, test_size=4, batch=4, dim=16, hidden=16, lr=2e-2, upd
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.quick:
-        # the --quick settings, except those given explicitly on the command line
-        given = {k for k, v in vars(args).items() if v != parse_args([]).__dict__[k]}
-        vars(args).update({k: v for k, v in QUICK.items() if k not in given})
     t_start = time.perf_counter()
 
     # ---- data -------------------------------------------------------------------------------
@@ -360,8 +318,12 @@ def main(argv=None) -> dict:
     if args.speed_batches > 0:
         print(f"Timing {args.speed_batches} minibatch(es) of training with autobatch='none' "
               "and 'agenda' (each after warm-up passes that compile its kernels)...", flush=True)
-        speed, _ = compare_speed(model, trainer, [next(batches)
-                                                  for _ in range(args.speed_batches)])
+
+        def step(batch, strategy):  # (tokens, compilations)
+            _, tokens, stats = train_step(model, trainer, batch, strategy)
+            return tokens, stats["compiles"]
+
+        speed, _ = compare_speed(step, [next(batches) for _ in range(args.speed_batches)])
 
     print("Results")
     print(f"  {updates} updates: training loss/token {curve[0][1]:.4f} (update {curve[0][0]}) -> "

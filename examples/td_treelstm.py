@@ -46,7 +46,6 @@ for a smoke-test-sized run, ``--seed`` changes data and initialisation).
 """
 from __future__ import annotations
 
-import argparse
 import math
 import time
 
@@ -55,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dynax as dx
+from _training import compare_speed, minibatches, parse_run_args, run_parser
 
 # ============================================================================================
 # Data: a probabilistic grammar of labelled trees, its sampler, scorer and recogniser.
@@ -316,49 +316,9 @@ def sample_report(model, n: int, seed: int, chunk: int = 32, **caps):
     return trees, ok, float(np.mean(capped))
 
 
-def minibatches(data, size: int, rng: np.random.Generator):
-    """Endless shuffled minibatches (a new permutation each epoch)."""
-    while True:
-        order = rng.permutation(len(data))
-        for start in range(0, len(order) - size + 1, size):
-            yield [data[i] for i in order[start:start + size]]
-
-
-def compare_speed(model, trainer, batches, max_warmup: int = 4):
-    """Trees/s of full training steps under "none" and "agenda" on the same minibatches,
-    each timed after warm-up passes that compile its kernels. Returns (speeds, updates)."""
-    result, updates = {}, 0
-    n_trees = sum(len(b) for b in batches)
-    for strategy in ("none", "agenda"):
-        for _ in range(max_warmup):
-            compiles = 0
-            for b in batches:
-                compiles += train_step(model, trainer, b, strategy)[1]["compiles"]
-                updates += 1
-            if compiles == 0:
-                break
-        t0 = time.perf_counter()
-        for b in batches:
-            train_step(model, trainer, b, strategy)
-        result[strategy] = n_trees / (time.perf_counter() - t0)
-        updates += len(batches)
-    result["ratio"] = result["agenda"] / result["none"]
-    return result, updates
-
-
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--budget", type=float, default=80.0,
-                    help="seconds for the whole run, compilation, evaluation and sampling included")
-    ap.add_argument("--updates", type=int, default=0,
-                    help="train for exactly this many updates instead (0: use the budget)")
-    ap.add_argument("--min-updates", type=int, default=40,
-                    help="train at least this long even if the budget is spent (slow machine)")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke test: the QUICK settings (4 small trees, 10 updates, tiny model)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--train-size", type=int, default=4000)
-    ap.add_argument("--test-size", type=int, default=256)
+    ap = run_parser(__doc__, budget_covers="compilation, evaluation and sampling",
+                    quick_is="4 small trees, 10 updates, tiny model", train_size=4000)
     ap.add_argument("--max-depth", type=int, default=6,
                     help="generator: no recursive rule below this depth")
     ap.add_argument("--dim", type=int, default=16, help="label embedding size")
@@ -372,7 +332,7 @@ def parse_args(argv=None):
                     help="generation: STOP is forced at this depth")
     ap.add_argument("--speed-batches", type=int, default=1,
                     help="minibatches timed for the none-vs-agenda comparison (0: skip)")
-    return ap.parse_args(argv)
+    return parse_run_args(ap, argv, QUICK)
 
 
 SPEED_RESERVE = 12.0  # seconds kept for the none-vs-agenda comparison (compiles "none" kernels)
@@ -388,10 +348,6 @@ QUICK = dict(train_size=4, test_size=4, batch=4, dim=8, hidden=16, lr=2e-2, upda
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.quick:
-        # the --quick settings, except those given explicitly on the command line
-        given = {k for k, v in vars(args).items() if v != parse_args([]).__dict__[k]}
-        vars(args).update({k: v for k, v in QUICK.items() if k not in given})
     t_start = time.perf_counter()
 
     # ---- data ---------------------------------------------------------------------------------
@@ -474,8 +430,11 @@ def main(argv=None) -> dict:
     if args.speed_batches > 0:
         print(f"Timing {args.speed_batches} minibatch(es) of training with autobatch='none' "
               "and 'agenda' (each after warm-up passes that compile its kernels)...", flush=True)
-        speed, _ = compare_speed(model, trainer, [next(batches)
-                                                  for _ in range(args.speed_batches)])
+
+        def step(batch, strategy):  # (trees, compilations)
+            return len(batch), train_step(model, trainer, batch, strategy)[1]["compiles"]
+
+        speed, _ = compare_speed(step, [next(batches) for _ in range(args.speed_batches)])
 
     print("Results")
     print(f"  {updates} updates: training loss/tree {curve[0][1]:.3f} (update {curve[0][0]}) -> "

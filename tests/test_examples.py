@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 
 def _load(name):
+    if str(EXAMPLES) not in sys.path:  # as when run as a script: examples/_training.py
+        sys.path.insert(0, str(EXAMPLES))
     # a private module name: "parser" is also a (removed) standard-library module
     spec = importlib.util.spec_from_file_location(f"dynax_example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)

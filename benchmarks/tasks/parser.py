@@ -52,11 +52,11 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import dynax as dx
 
 from ..data import MAX_LEN, MIN_LEN, random_sentences
+from ..hand import HandBaseline
 
 NAME, UNIT, BATCH = "parser", "sentences", 64
 LR = 1e-3
@@ -349,7 +349,7 @@ def _geometric_bucket(n: int, lo: int = 16) -> int:
     return _round_up(n, q)
 
 
-class HandModel:
+class HandModel(HandBaseline):
     """Hand-batched parser training step, as a skilled JAX user would write it.
 
     Per update: (1) host: pad the token ids to a length bucket (multiple of 8); (2) jitted
@@ -365,16 +365,13 @@ class HandModel:
     calls and their waits excluded.
     """
 
+    signature = None  # the step's shapes depend on the decisions: known only after a parse
+
     def __init__(self, init: dict):
-        device = jax.devices()[0]
-        self.params = jax.device_put({k: jnp.array(v) for k, v in init.items()}, device)
+        super().__init__(init, LR)
         self.root = self.params["E"].shape[0] - 1
-        self.tx = optax.adam(LR)
-        self.opt_state = jax.device_put(self.tx.init(self.params), device)
         self.encode = jax.jit(self._encode)
         self.score = jax.jit(self._score)
-        self.step = jax.jit(self._step, donate_argnums=(0, 1))
-        self.signatures: set = set()
 
     @staticmethod
     def _encode(params, words, lens):
@@ -403,15 +400,10 @@ class HandModel:
             x, params["W1"], params["b1"], params["W2"], params["b2"])
 
     @classmethod
-    def _loss(cls, params, words, lens, idx, cw, mask):
+    def _loss(cls, params, sig, words, lens, idx, cw, mask):
         s = cls._score(params, cls._encode(params, words, lens), idx)
         sc = jnp.take_along_axis(s, cw, axis=1)  # (T, 2): correct, wrong
         return jnp.sum(mask * jax.nn.relu(1.0 - sc[:, 0] + sc[:, 1]))
-
-    def _step(self, params, opt_state, words, lens, idx, cw, mask):
-        loss, grads = jax.value_and_grad(self._loss)(params, words, lens, idx, cw, mask)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
 
     def update(self, batch) -> tuple[float, float]:
         """One training update; returns (summed loss, host seconds)."""
@@ -470,10 +462,11 @@ class HandModel:
         cw[:n] = rec_cw
         mask = np.zeros((T,), np.float32)
         mask[:n] = 1.0
-        self.signatures.add(("step", B, L, T))
+        sig = ("step", B, L, T)
+        self.signatures.add(sig)
         d0 = time.perf_counter()
-        self.params, self.opt_state, loss = self.step(self.params, self.opt_state, words, lens,
-                                                      idx_all, cw, mask)
+        self.params, self.opt_state, loss = self.step(sig, self.params, self.opt_state, words,
+                                                      lens, idx_all, cw, mask)
         loss = float(loss)
         device_s += time.perf_counter() - d0
         return loss, time.perf_counter() - t0 - device_s

@@ -28,6 +28,7 @@ import optax
 import dynax as dx
 
 from ..data import MAX_LEN, MIN_LEN, random_sentences
+from ..hand import HandBaseline
 
 NAME, UNIT, BATCH = "rnnlm", "sentences", 64
 BATCH_SIZES = (1, 16, 64)
@@ -93,7 +94,7 @@ def _geometric_bucket(n: int, lo: int = 16) -> int:
     return _round_up(n, q)
 
 
-class HandModel:
+class HandModel(HandBaseline):
     """Padded, bucketed LSTM LM training step, as a skilled JAX user would write it.
 
     Host: token ids padded to ``(B, L)`` with ``L`` a multiple of 8, and the flat indices
@@ -106,12 +107,7 @@ class HandModel:
     _P = "lstm/{}0"
 
     def __init__(self, init: dict):
-        device = jax.devices()[0]
-        self.params = jax.device_put({k: jnp.array(v) for k, v in init.items()}, device)
-        self.tx = optax.adam(LR)
-        self.opt_state = jax.device_put(self.tx.init(self.params), device)
-        self.step = jax.jit(self._step, donate_argnums=(0, 1))
-        self.signatures: set = set()
+        super().__init__(init, LR)
 
     @staticmethod
     def signature(batch) -> tuple:
@@ -137,7 +133,7 @@ class HandModel:
         return sig, (inputs, targets, pos, mask)
 
     @classmethod
-    def _loss(cls, params, inputs, targets, pos, mask):
+    def _loss(cls, params, sig, inputs, targets, pos, mask):
         P = cls._P
         Wx, Wh, b = params[P.format("Wx")], params[P.format("Wh")], params[P.format("b")]
         cell = jax.vmap(_lstm_cell, in_axes=(0, 0, 0, None, None, None))
@@ -154,20 +150,6 @@ class HandModel:
         nll = jax.vmap(_nll, in_axes=(0, 0, None, None))(
             hs, targets, params["softmax/W"], params["softmax/b"])
         return jnp.sum(mask * nll)
-
-    def _step(self, params, opt_state, inputs, targets, pos, mask):
-        loss, grads = jax.value_and_grad(self._loss)(params, inputs, targets, pos, mask)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    def update(self, batch) -> tuple[jax.Array, float]:
-        """One training update; returns (summed loss on the device, host packing seconds)."""
-        t0 = time.perf_counter()
-        sig, arrays = self.pack(batch)
-        t1 = time.perf_counter()
-        self.signatures.add(sig)
-        self.params, self.opt_state, loss = self.step(self.params, self.opt_state, *arrays)
-        return loss, t1 - t0  # the caller reads it (which waits for the step)
 
 
 # ---- a quick check without the harness (also used by benchmarks.tasks.parser) ---------------

@@ -17,16 +17,15 @@ The model classes are generic (layers, MLP or not): ``bilstm_synthetic`` and
 from __future__ import annotations
 
 import re
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import dynax as dx
 
 from ..data import Sentence, random_sentences
+from ..hand import HandBaseline
 
 NAME, UNIT, BATCH = "tagger", "sentences", 64
 VOCAB, EMB, HID, MLP, N_TAGS, LAYERS = 20000, 128, 128, 32, 9, 1
@@ -175,22 +174,15 @@ def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
-class HandTagger:
+class HandTagger(HandBaseline):
     """The hand-batched BiLSTM tagger (see the module doc). Sizes and the number of layers are
     read off the initial parameters."""
 
     len_step = LEN_STEP
 
     def __init__(self, init: dict):
-        # committed to the device, like the step's outputs, so the second call of a
-        # signature hits the jit cache instead of compiling again
-        device = jax.devices()[0]
-        self.params = jax.device_put({k: jnp.array(v) for k, v in init.items()}, device)
+        super().__init__(init, LR)
         self.layers = sum(1 for k in init if re.fullmatch(r"birnn/fwd\d+/lstm/Wx0", k))
-        self.tx = optax.adam(LR)
-        self.opt_state = jax.device_put(self.tx.init(self.params), device)
-        self.step = jax.jit(self._step, donate_argnums=(0, 1))
-        self.signatures: set = set()
 
     def pack(self, batch):
         """(signature, host arrays) of a batch: words and tags ``[B, T]`` padded with 0."""
@@ -203,32 +195,14 @@ class HandTagger:
             tags[i, :len(s.tags)] = s.tags
         return (len(batch), T), (words, tags, lengths)
 
-    def signature(self, batch):
-        """The jit signature ``update`` would use for this batch (lets the harness precompile)."""
-        return self.pack(batch)[0]
-
     def inputs(self, params, words, lengths, *extra):
         """The word vectors ``[B, T, emb]`` (the char tagger overrides this)."""
         return params["E"][words]
 
-    def _loss(self, params, words, tags, lengths, *extra):
+    def _loss(self, params, sig, words, tags, lengths, *extra):
         x = self.inputs(params, words, lengths, *extra)
         hf, hb = bilstm(params, x, lengths, self.layers)
         return masked_nll(tag_scores(params, hf, hb), tags, lengths)
-
-    def _step(self, params, opt_state, *arrays):
-        loss, grads = jax.value_and_grad(self._loss)(params, *arrays)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    def update(self, batch) -> tuple[jax.Array, float]:
-        """One training update; returns (summed loss on the device, host packing seconds)."""
-        t0 = time.perf_counter()
-        sig, arrays = self.pack(batch)
-        t1 = time.perf_counter()
-        self.signatures.add(sig)
-        self.params, self.opt_state, loss = self.step(self.params, self.opt_state, *arrays)
-        return loss, t1 - t0  # the caller reads it (which waits for the step)
 
 
 HandModel = HandTagger

@@ -11,16 +11,15 @@ A binary N-ary Tree-LSTM over 64 trees per update, 5–40 leaves each, embedding
 """
 from __future__ import annotations
 
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import dynax as dx
 
 from ..data import N_CLASSES, VOCAB, Tree, tree_batches
+from ..hand import HandBaseline
 
 NAME, UNIT, BATCH = "treelstm", "trees", 64
 EMB, HID = 300, 150
@@ -105,7 +104,7 @@ def _bucket(n: int) -> int:
     return b
 
 
-class HandBatched:
+class HandBatched(HandBaseline):
     """Level-order batching by hand, as a skilled JAX user would write it.
 
     Per update, on the host: every tree node gets its height (leaves 0); nodes of one height
@@ -123,15 +122,8 @@ class HandBatched:
     """
 
     def __init__(self, init: dict, tail_width: int = 32):
-        # committed to the device, like the step's outputs, so the second call of a
-        # signature hits the jit cache instead of compiling again
-        device = jax.devices()[0]
-        self.params = jax.device_put({k: jnp.array(v) for k, v in init.items()}, device)
-        self.tx = optax.adam(LR)
-        self.opt_state = jax.device_put(self.tx.init(self.params), device)
+        super().__init__(init, LR)
         self.tail_width = tail_width
-        self.step = jax.jit(self._step, static_argnums=(0,), donate_argnums=(1, 2))
-        self.signatures: set = set()
 
     # -- host side: plan the levels of one batch --
     def pack(self, trees):
@@ -177,10 +169,6 @@ class HandBatched:
         labels = np.array([t.label for t in trees], np.int32)
         return sig, (words, kids, roots, labels)
 
-    def signature(self, trees):
-        """The jit signature ``update`` would use for this batch (lets the harness precompile)."""
-        return self.pack(trees)[0]
-
     # -- device side: one jitted training step per signature --
     @staticmethod
     def _loss(params, sig, words, kids, roots, labels):
@@ -215,21 +203,6 @@ class HandBatched:
         logits = H[roots] @ params["W_out"].T + params["b_out"][None, :]
         logp = jax.nn.log_softmax(logits)
         return -jnp.sum(jnp.take_along_axis(logp, labels[:, None], axis=1))
-
-    def _step(self, sig, params, opt_state, words, kids, roots, labels):
-        loss, grads = jax.value_and_grad(self._loss)(params, sig, words, kids, roots, labels)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    def update(self, trees) -> tuple[jax.Array, float]:
-        """One training update; returns (loss on the device, host packing seconds)."""
-        t0 = time.perf_counter()
-        sig, arrays = self.pack(trees)
-        t1 = time.perf_counter()
-        self.signatures.add(sig)
-        self.params, self.opt_state, loss = self.step(sig, self.params, self.opt_state,
-                                                      *arrays)
-        return loss, t1 - t0  # the caller reads it (which waits for the step)
 
 
 # the task interface

@@ -1,0 +1,66 @@
+"""What the training examples share: their common flags, ``--quick``, endless minibatches and
+the none-vs-agenda speed comparison. (Not an example: the examples import it.)"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def run_parser(doc: str, *, budget_covers: str, quick_is: str, train_size: int = 4000,
+               test_size: int = 256) -> argparse.ArgumentParser:
+    """An argument parser with the flags every training example has; add the model's own."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--budget", type=float, default=80.0,
+                    help=f"seconds for the whole run, {budget_covers} included")
+    ap.add_argument("--updates", type=int, default=0,
+                    help="train for exactly this many updates instead (0: use the budget)")
+    ap.add_argument("--min-updates", type=int, default=40,
+                    help="train at least this long even if the budget is spent (slow machine)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"smoke test: the QUICK settings ({quick_is})")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--train-size", type=int, default=train_size)
+    ap.add_argument("--test-size", type=int, default=test_size)
+    return ap
+
+
+def parse_run_args(ap: argparse.ArgumentParser, argv, quick: dict) -> argparse.Namespace:
+    """The parsed flags; with ``--quick``, ``quick``'s settings replace the defaults of every
+    flag not given on the command line."""
+    args = ap.parse_args(argv)
+    if args.quick:
+        defaults = vars(ap.parse_args([]))
+        given = {k for k, v in vars(args).items() if v != defaults[k]}
+        vars(args).update({k: v for k, v in quick.items() if k not in given})
+    return args
+
+
+def minibatches(data, size: int, rng: np.random.Generator):
+    """Endless shuffled minibatches (a new permutation each epoch)."""
+    while True:
+        order = rng.permutation(len(data))
+        for start in range(0, len(order) - size + 1, size):
+            yield [data[i] for i in order[start:start + size]]
+
+
+def compare_speed(step, batches, max_warmup: int = 4):
+    """Items/s of ``step(batch, strategy) -> (items, compilations)`` under "none" and "agenda"
+    on the same minibatches, each timed after warm-up passes (at most ``max_warmup``) that
+    compile its kernels. Returns (speeds and their "ratio", updates run)."""
+    result, updates = {}, 0
+    for strategy in ("none", "agenda"):
+        for _ in range(max_warmup):
+            compiles = 0
+            for b in batches:
+                compiles += step(b, strategy)[1]
+                updates += 1
+            if compiles == 0:
+                break
+        t0 = time.perf_counter()
+        items = sum(step(b, strategy)[0] for b in batches)
+        result[strategy] = items / (time.perf_counter() - t0)
+        updates += len(batches)
+    result["ratio"] = result["agenda"] / result["none"]
+    return result, updates

@@ -116,6 +116,7 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
         # one, ignoring its residuals, rather than compiling a residual-free twin
         for other, k in sig.kernels.items():
             if other[:3] == ("fwd", modes, B) and other[3] is not None:
+                sig.kernels[key] = k  # found once, not searched for again
                 return k
     out_off, val_off, int_off = _offsets(sig, modes, B)
     w_akeys = _unique(sig.out_akeys)

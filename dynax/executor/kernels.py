@@ -15,6 +15,7 @@ backward pass their cotangents are masked to zero, so they never reach any gradi
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -145,7 +146,7 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
                 if j is None:
                     kept.append(leaf)
             meta["spec"] = tuple(spec)
-            saved = tuple(kept)
+            saved, meta["packing"] = _pack(kept)
         # Outputs sharing an arena occupy consecutive blocks of B rows (see the engine), so
         # each arena gets ONE in-place write: a chain of writes made XLA copy the arena.
         warenas = list(warenas)
@@ -159,6 +160,39 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
     k = Kernel(jax.jit(kernel, donate_argnums=(0,)), w_akeys, r_akeys, meta)
     sig.kernels[key] = k
     return k
+
+
+def _pack(residuals):
+    """The residuals as one flat buffer per dtype, and how to cut them out again.
+
+    A forward kernel's vjp keeps some 20 residual arrays (the LSTM cell's gates, masks,
+    ...). Each output buffer costs the host a few microseconds to create and again to free,
+    per batch, while one concatenation on the device costs less than that (measured: the
+    tagger's 46 batches returned 1,044 residual arrays per update).
+    """
+    by_dtype: dict = {}
+    packing = []
+    for r in residuals:
+        group = by_dtype.setdefault(r.dtype, [])
+        packing.append((r.dtype, len(group), r.shape))
+        group.append(r)
+    dtypes = tuple(by_dtype)
+    buffers = tuple(jnp.concatenate([r.ravel() for r in by_dtype[d]]) for d in dtypes)
+    return buffers, (dtypes, tuple(packing))
+
+
+def _unpack(buffers, packing):
+    """The residual arrays of ``_pack``'s buffers, in their original order."""
+    dtypes, items = packing
+    offsets = {d: 0 for d in dtypes}
+    flat = dict(zip(dtypes, buffers))
+    out = []
+    for dtype, _, shape in items:
+        size = math.prod(shape)
+        start = offsets[dtype]
+        offsets[dtype] = start + size
+        out.append(flat[dtype][start:start + size].reshape(shape))
+    return out
 
 
 def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
@@ -204,6 +238,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
             _, vjp = _vjp(batched, xs, diff, params, ints)
         else:
             meta = forward.meta
+            saved = _unpack(saved, meta["packing"])
             leaves = [params[j] if kind == "p" else saved[j] for kind, j in meta["spec"]]
             vjp = jax.tree_util.tree_unflatten(meta["treedef"], leaves)
         dxs, dps = vjp(tuple(cts))

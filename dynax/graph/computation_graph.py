@@ -48,6 +48,7 @@ class ComputationGraph:
         self.val_node: list = []  # producing node, or -1 for a constant
         self.val_akey: list = []  # interned (shape, dtype)
         self.val_rg: list = []  # whether a gradient can flow into it (a parameter is upstream)
+        self.val_depth: list = []  # depth of its producer, 0 for a constant
         self.val_row: list = []  # arena row once computed (extended lazily by the executor)
         self.pending_consts: list = []  # (value id, host array) not yet in an arena
         self.node_site: dict = {}  # node -> user file:line (check_validity mode only)
@@ -70,6 +71,7 @@ class ComputationGraph:
         self.val_node.append(-1)
         self.val_akey.append(akey)
         self.val_rg.append(False)
+        self.val_depth.append(0)
         self.pending_consts.append((v, array))
         return v
 
@@ -85,7 +87,8 @@ class ComputationGraph:
         """Append one node applying ``op`` to ``args`` (one per char of ``kinds``).
 
         Returns (id of its first output value, its Signature). Raises, and changes nothing,
-        on bad input. This is the hot path of graph building: keep it lean.
+        on bad input. The general path: ``appenders.append_node`` runs the common case
+        faster and defers to this one for anything it does not handle.
         """
         val_akey = self.val_akey
         key = [op, kinds]
@@ -111,24 +114,22 @@ class ComputationGraph:
             sig = signature_for(key)
         if ints is not None:
             ints = self._check_ints(sig, ints, kinds, key[2:])
-        val_node, node_depth, val_rg = self.val_node, self.node_depth, self.val_rg
+        val_node, val_depth, val_rg = self.val_node, self.val_depth, self.val_rg
         depth = 0
         rg = sig.has_params
         for v in vals:
-            p = val_node[v]
-            if p >= 0:
-                d = node_depth[p]
-                if d > depth:
-                    depth = d
+            if val_depth[v] > depth:
+                depth = val_depth[v]
             if val_rg[v]:
                 rg = True
+        depth += 1
         n = len(self.node_sig)
         if self.check_validity:
             self.node_site[n] = user_site()
         self.node_sig.append(sig)
-        self.node_vals.append(vals)
+        self.node_vals.append(tuple(vals))
         self.node_ints.append(ints)
-        node_depth.append(depth + 1)
+        self.node_depth.append(depth)
         out = len(val_node)
         self.node_out.append(out)
         outs = sig.out_akeys
@@ -136,10 +137,12 @@ class ComputationGraph:
             val_node.append(n)
             val_akey.append(outs[0])
             val_rg.append(rg)
+            val_depth.append(depth)
         else:
             val_node.extend([n] * len(outs))
             val_akey.extend(outs)
             val_rg.extend([rg] * len(outs))
+            val_depth.extend([depth] * len(outs))
         return out, sig
 
     # ---- all-or-nothing construction -----------------------------------------------------
@@ -154,7 +157,7 @@ class ComputationGraph:
         for lst in (self.node_sig, self.node_vals, self.node_ints, self.node_depth,
                     self.node_out):
             del lst[n:]
-        for lst in (self.val_node, self.val_akey, self.val_rg):
+        for lst in (self.val_node, self.val_akey, self.val_rg, self.val_depth):
             del lst[v:]
         del self.val_row[v:]
         del self.pending_consts[c:]

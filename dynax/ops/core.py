@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ArgumentTypeError, DTypeError, InvalidArgumentError, ShapeError
 from ..graph.computation_graph import _local, current_graph
+from ..graph.appenders import append_node
 from ..graph.expression import Expression
 from .registry import CHEAP, HEAVY, OpDef, akey_of
 
@@ -87,13 +88,7 @@ def _node(op: OpDef, kinds: str, items):
         g = _local.cg
     except AttributeError:
         g = current_graph()
-    v, sig = g.add_node(op, kinds, items)
-    if sig.multi:
-        n = len(sig.out_akeys)
-        if n == 2:
-            return Expression(g, v), Expression(g, v + 1)
-        return tuple([Expression(g, v + j) for j in range(n)])
-    return Expression(g, v)
+    return append_node(g, op, kinds, items)
 
 
 def _one(x, opname):

@@ -285,9 +285,27 @@ def test_birnn_lstm_values():
     np.testing.assert_allclose(np.stack([o.npvalue() for o in outs]), np.stack(want), **TOL)
 
 
+@pytest.mark.parametrize("strategy", ("none", "agenda"))
+def test_birnn_two_layers_with_dropout_set(strategy):
+    """With dropout on, layer 2's input is concatenated by a node (dropout applies to the
+    whole input); evaluated with train=False the values equal the plain BiLSTM's."""
+    pc = dx.ParameterCollection(seed=5)
+    bi = dx.nn.BiRNNBuilder(2, IN, 2 * HID, pc, dx.nn.LSTMBuilder)
+    bi.set_dropout(0.3)
+    xs = [_rand(IN) for _ in range(4)]
+    cg = dx.renew_cg(autobatch=strategy, train=False)
+    outs = bi.transduce([dx.input(x) for x in xs])
+    names = [s.op.name for s in cg.node_sig]
+    assert names.count("concatenate") == 2 * len(xs)  # between the layers + transduce's
+    assert not any(m.startswith("bidirectional_split") for m in names)
+    want = ref_birnn(ref_lstm, 2, 2, [p.value for p in pc.parameters()], xs)
+    np.testing.assert_allclose(np.stack([o.npvalue() for o in outs]), np.stack(want), **TOL)
+
+
 def test_birnn_one_node_per_position_and_layer():
     """Both directions' steps at a position are one node: a 2-layer BiRNN over n inputs adds
-    n paired nodes per layer (plus the layer-1 concatenations), not 2n."""
+    n paired nodes per layer, not 2n; layer 2 reads layer 1's two halves directly (the
+    concatenation is inside its kernel), so only transduce's outputs are concatenations."""
     n = 5
     cg = dx.renew_cg()
     xs = [dx.input(_rand(IN)) for _ in range(n)]
@@ -296,7 +314,8 @@ def test_birnn_one_node_per_position_and_layer():
     names = [s.op.name for s in cg.node_sig[before:]]
     paired = [m for m in names if m.startswith("bidirectional")]
     assert len(paired) == 2 * n, names  # n per layer
-    assert len(names) == 2 * n + n + n, names  # + n concatenations per layer output
+    assert sum(m.startswith("bidirectional_split") for m in names) == n, names  # layer 2
+    assert len(names) == 2 * n + n, names  # + transduce's n concatenations
 
 
 class _ScaledRNN(dx.nn.SimpleRNNBuilder):

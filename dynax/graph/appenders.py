@@ -20,8 +20,10 @@ _APPENDERS: dict = {}  # (op, kinds) -> generated appender
 def append_node(g, op, kinds: str, args):
     """Append one node of ``op`` over ``args`` to graph ``g``; its Expression(s)."""
     fn = _APPENDERS.get((op, kinds))
-    if fn is None:
-        fn = _APPENDERS[op, kinds] = _generate(op, kinds)
+    if fn is None:  # the first call: checked, and it tells how many outputs the op returns
+        v, sig = g.add_node(op, kinds, args)
+        _APPENDERS[op, kinds] = _generate(op, kinds, len(sig.out_akeys), sig.multi)
+        return wrap(g, v, sig)
     return fn(g, args)
 
 
@@ -37,39 +39,46 @@ def wrap(g, v, sig):
     return Expression(g, v)
 
 
-def _generate(op, kinds: str):
-    n = len(kinds)
-    a = [f"a{i}" for i in range(n)]
+def _generate(op, kinds: str, n_out: int, multi: bool):
+    """Source of the appender for (op, kinds), for ops returning ``n_out`` outputs."""
     vpos = [i for i, k in enumerate(kinds) if k == "v"]
     ipos = [i for i, k in enumerate(kinds) if k == "i"]
-    key = ", ".join(["op", "kinds"] + [f"ak[{v}]" if k == "v" else ("None" if k == "i" else f"a{i}")
-                                       for i, (k, v) in enumerate(zip(kinds, _vals(kinds)))])
-    lines = [f"def append(g, args):",
-             f"    {', '.join(a)}{',' if n == 1 else ''} = args"]
-    guard = ["g.check_validity"] + [f"a{i}.g is not g" for i in vpos]
-    lines += [f"    if {' or '.join(guard)}:",
-              "        return general(g, op, kinds, args)"]
-    for j, i in enumerate(vpos):
-        lines.append(f"    v{j} = a{i}.v")
+    nv = len(vpos)
+    key, j = ["op", "kinds"], 0  # as add_node builds it: akeys, None for ints, else the item
+    for i, k in enumerate(kinds):
+        if k == "v":
+            key.append(f"ak[v{j}]")
+            j += 1
+        else:
+            key.append("None" if k == "i" else f"a{i}")
+    unpack = "".join(f"a{i}, " for i in range(len(kinds)))
+    guard = " or ".join(["g.check_validity"] + [f"a{i}.g is not g" for i in vpos])
+    lines = ["def append(g, args):",
+             f"    {unpack} = args",
+             f"    if {guard}:",
+             "        return general(g, op, kinds, args)"]
+    lines += [f"    v{j} = a{i}.v" for j, i in enumerate(vpos)]
     lines += ["    ak = g.val_akey",
-              f"    sig = SIG_CACHE.get(({key},))",
+              f"    sig = SIG_CACHE.get(({', '.join(key)}))",
               "    if sig is None:",
+              "        return general(g, op, kinds, args)",
+              "    outs = sig.out_akeys",
+              f"    if len(outs) != {n_out} or sig.multi is not {multi}:",  # another arity
               "        return general(g, op, kinds, args)"]
     if ipos:
         ok = " and ".join(f"type(a{i}) is int and 0 <= a{i} < sig.bounds[{j}]"
                           for j, i in enumerate(ipos))
         lines += [f"    if not ({ok}):",
                   "        return general(g, op, kinds, args)",
-                  f"    ints = ({', '.join(f'a{i}' for i in ipos)},)"]
+                  f"    ints = ({''.join(f'a{i}, ' for i in ipos)})"]
     else:
         lines.append("    ints = None")
-    nv = len(vpos)
     if nv == 0:
         lines += ["    depth = 1", "    rg = sig.has_params"]
     else:
-        vd = [f"vd[v{j}]" for j in range(nv)]
+        depths = ", ".join(f"vd[v{j}]" for j in range(nv))
         lines += ["    vd = g.val_depth", "    vr = g.val_rg",
-                  f"    depth = {'max(' + ', '.join(vd) + ')' if nv > 1 else vd[0]} + 1",
+                  f"    depth = {f'max({depths})' if nv > 1 else depths} + 1",
                   f"    rg = sig.has_params or {' or '.join(f'vr[v{j}]' for j in range(nv))}"]
     lines += ["    node = len(g.node_sig)",
               "    g.node_sig.append(sig)",
@@ -78,32 +87,25 @@ def _generate(op, kinds: str):
               "    g.node_depth.append(depth)",
               "    vn = g.val_node",
               "    out = len(vn)",
-              "    g.node_out.append(out)",
-              "    outs = sig.out_akeys",
-              "    if len(outs) == 1:",
-              "        vn.append(node)",
-              "        ak.append(outs[0])",
-              "        vr.append(rg)" if nv else "        g.val_rg.append(rg)",
-              "        vd.append(depth)" if nv else "        g.val_depth.append(depth)",
-              "        return Expression(g, out) if not sig.multi else (Expression(g, out),)",
-              "    m = len(outs)",
-              "    vn.extend([node] * m)",
-              "    ak.extend(outs)",
-              "    g.val_rg.extend([rg] * m)",
-              "    g.val_depth.extend([depth] * m)",
-              "    return tuple([Expression(g, out + j) for j in range(m)])"]
+              "    g.node_out.append(out)"]
+    if n_out == 1:
+        lines += ["    vn.append(node)",
+                  "    ak.append(outs[0])",
+                  "    g.val_rg.append(rg)",
+                  "    g.val_depth.append(depth)",
+                  f"    return {'(Expression(g, out),)' if multi else 'Expression(g, out)'}"]
+    else:
+        def repeated(x):
+            return "(" + ", ".join([x] * n_out) + ")"
+        exprs = ", ".join(f"Expression(g, out + {j})" for j in range(n_out))
+        lines += [f"    vn.extend({repeated('node')})",
+                  "    ak.extend(outs)",
+                  f"    g.val_rg.extend({repeated('rg')})",
+                  f"    g.val_depth.extend({repeated('depth')})",
+                  f"    return {exprs}"]
     namespace = {"op": op, "kinds": kinds, "SIG_CACHE": SIG_CACHE, "general": general,
                  "Expression": Expression}
     # named after this file so that error sites (``sites.user_site``) skip its frames
     code = compile("\n".join(lines), f"{__file__}<{op.name}:{kinds}>", "exec")
     exec(code, namespace)  # noqa: S102  (source built above from kinds only)
     return namespace["append"]
-
-
-def _vals(kinds):
-    """For each position, the name of its value id variable (value positions only)."""
-    out, j = [], 0
-    for k in kinds:
-        out.append(f"v{j}" if k == "v" else None)
-        j += k == "v"
-    return out

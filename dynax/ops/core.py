@@ -410,9 +410,16 @@ CONCAT = OpDef("concatenate", lambda *a: jnp.concatenate(a[:-1], axis=a[-1]), CH
                check=_check_concat)
 
 
-@atomic
 def concatenate(xs, d: int = 0):
     """Concatenate a list of expressions along axis ``d``."""
+    if type(xs) is list and len(xs) > 1 and type(d) is int \
+            and all(type(x) is Expression for x in xs):  # fast path: one node, nothing to undo
+        return _node(CONCAT, "v" * len(xs) + "s", xs + [d])
+    return _concatenate(xs, d)
+
+
+@atomic
+def _concatenate(xs, d):
     xs = list(xs)
     if not xs:
         raise InvalidArgumentError("concatenate: empty list")

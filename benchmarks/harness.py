@@ -47,6 +47,8 @@ COUNTS = {"none": (2, 3), "depth": (5, 20), "agenda": (5, 20), "hand": (5, 20)}
 QUICK_COUNTS = {"none": (1, 1), "depth": (3, 4), "agenda": (3, 4), "hand": (2, 4)}
 
 
+MAX_PRECOMPILE_PASSES = 3
+
 # ---- compile counting (for the hand-batched baseline; dynax reports its own) ---------------
 
 _compiles = [0]
@@ -122,43 +124,46 @@ def run_dynax(task, strategy: str, warm: list, timed: list, batch_size: int, *,
     model = task.DynaxModel(seed=0)
     trainer = dx.Trainer(model.pc, tx if tx is not None else optax.adam(task.LR),
                          sparse_updates=sparse_updates)
-    rows, precompile = [], 0
-    # Steady state means "shapes compiled": after the warm-up, one untimed pass over the timed
-    # batches compiles their shapes (the hand-batched baseline's warm-up precompiles its jit
-    # signatures of the timed batches in the same way); then the timed pass.
+    # Steady state means "shapes compiled": after the warm-up, untimed passes over the timed
+    # batches compile their shapes (the hand-batched baseline's warm-up precompiles its jit
+    # signatures of the timed batches in the same way), repeated until one compiles nothing
+    # (at most MAX_PRECOMPILE_PASSES): when an arena grows during a pass, kernels compiled
+    # earlier in that pass for its old capacity compile again on their next use. Then the
+    # timed pass.
     # A natural training loop: each update reads its loss, nothing else waits, so the
     # backward pass and the optimizer step run on the device while the next graph is built.
     # The device is idle when the timed pass starts, and its end waits for the device.
-    steps = warm + timed + timed
-    with contextlib.ExitStack() as heap:  # settled for the timed updates
-        for i, batch in enumerate(steps):
-            if i == len(warm) + len(timed):
-                _block_values(model.pc)
-                heap.enter_context(settled_heap())
-            c0 = time.process_time()
-            t0 = time.perf_counter()
-            cg = dx.renew_cg(autobatch=strategy)
-            loss = model.loss(batch)
-            lv = loss.value()
-            loss.backward()
-            t1 = time.perf_counter()
-            trainer.update()
-            t2 = time.perf_counter()
-            if i == len(steps) - 1:
-                _block_values(model.pc)
-            t3 = time.perf_counter()
-            cpu = time.process_time() - c0
-            st = cg.stats()
-            sec = st["seconds"]
-            if len(warm) <= i < len(warm) + len(timed):
-                precompile += st["compiles"]
-                continue
-            rows.append({"total": t3 - t0, "cpu": cpu, **{k: sec[k] for k in PHASES[:4]},
-                         "wait": max(0.0, (t1 - t0) - sum(sec[k] for k in PHASES[:4]))
-                         + (t3 - t2), "update": t2 - t1, "loss": lv, "nodes": st["nodes"],
-                         "batches": st["batches"], "compiles": st["compiles"]})
+    def update(batch, last=False):
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        cg = dx.renew_cg(autobatch=strategy)
+        loss = model.loss(batch)
+        lv = loss.value()
+        loss.backward()
+        t1 = time.perf_counter()
+        trainer.update()
+        t2 = time.perf_counter()
+        if last:
+            _block_values(model.pc)
+        t3 = time.perf_counter()
+        cpu = time.process_time() - c0
+        st = cg.stats()
+        sec = st["seconds"]
+        return {"total": t3 - t0, "cpu": cpu, **{k: sec[k] for k in PHASES[:4]},
+                "wait": max(0.0, (t1 - t0) - sum(sec[k] for k in PHASES[:4])) + (t3 - t2),
+                "update": t2 - t1, "loss": lv, "nodes": st["nodes"],
+                "batches": st["batches"], "compiles": st["compiles"]}
+
+    rows = [update(batch) for batch in warm]
+    precompile = []  # compilations per untimed pass
+    while len(precompile) < MAX_PRECOMPILE_PASSES and (not precompile or precompile[-1]):
+        precompile.append(sum(update(batch)["compiles"] for batch in timed))
+    _block_values(model.pc)
+    with settled_heap():
+        rows += [update(batch, last=i == len(timed) - 1) for i, batch in enumerate(timed)]
     out = summarise(name or f"dynax/{strategy}", rows, len(warm), batch_size)
-    out["precompile_pass_compiles"] = precompile
+    out["precompile_pass_compiles"] = sum(precompile)
+    out["precompile_passes"] = len(precompile)
     return out
 
 

@@ -113,3 +113,23 @@ def test_arenas_grow_on_demand_and_shrink_when_asked(monkeypatch):
 def _loss_value(model, batch, strategy):
     dx.renew_cg(autobatch=strategy)
     return model.loss(batch).scalar_value()
+
+
+def test_arenas_grow_before_a_forward_runs_any_kernel(monkeypatch):
+    """Kernels are compiled per arena capacity: an arena growing in the middle of a forward
+    pass would make the kernels that ran before it compile again. All growth happens first."""
+    dx.release_memory()
+    events = []
+    grow, run = engine_module.Engine._grow, engine_module.Engine._run_forward
+    monkeypatch.setattr(engine_module.Engine, "_grow",
+                        lambda self, akey, need: (events.append("grow"), grow(self, akey, need)))
+    monkeypatch.setattr(engine_module.Engine, "_run_forward",
+                        lambda self, g, nodes: (events.append("run"), run(self, g, nodes)))
+    model = Tagger()
+    rng = np.random.default_rng(0)
+    sentences = [list(rng.integers(0, 50, size=n)) for n in rng.integers(3, 30, size=64)]
+    dx.renew_cg()
+    loss = model.loss(sentences)
+    loss.value()
+    assert "grow" in events and "run" in events  # the arenas started small and grew
+    assert "grow" not in events[events.index("run"):], events

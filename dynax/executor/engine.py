@@ -113,9 +113,10 @@ class Engine:
     def forward(self, g):
         t0 = time.perf_counter()
         g.val_row.extend([-1] * (len(g.val_node) - len(g.val_row)))
-        self._load_constants(g)
         lo, hi = g.computed, len(g.node_sig)
         plan = schedule(g.autobatch, g, lo, hi)
+        self._reserve(g, plan)
+        self._load_constants(g)
         t1 = time.perf_counter()
         g.seconds["schedule"] += t1 - t0
         for nodes in plan:
@@ -125,6 +126,31 @@ class Engine:
         if g.check_validity:
             check_forward(self, g, plan)
         g.seconds["forward"] += time.perf_counter() - t1
+
+    def _reserve(self, g, plan):
+        """Grow each arena, once and before anything runs, to hold all this forward writes.
+
+        Kernels are compiled per arena capacity, so an arena growing in the middle of a
+        forward pass made every kernel that ran before the growth compile again (the first
+        tagger update: 2 growths of the 128-d arena). The bound counts padded rows.
+        """
+        need = dict(g.rows)
+        consts: dict = {}
+        for v, _ in g.pending_consts:
+            a = g.val_akey[v]
+            consts[a] = consts.get(a, 0) + 1
+        for a, n in consts.items():
+            need[a] = need.get(a, 0) + bucket(n)
+        sigs = g.node_sig
+        for nodes in plan:
+            n = len(nodes)
+            B = bucket(n) if n > 1 else 2
+            for a in sigs[nodes[0]].out_akeys:
+                need[a] = need.get(a, 0) + B
+        for a, rows in need.items():
+            arena = self.arenas.get(a)
+            if arena is None or arena.shape[0] < rows:
+                self._grow(a, rows)
 
     def _load_constants(self, g):
         if not g.pending_consts:

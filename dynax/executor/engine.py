@@ -132,22 +132,30 @@ class Engine:
 
         Kernels are compiled per arena capacity, so an arena growing in the middle of a
         forward pass made every kernel that ran before the growth compile again (the first
-        tagger update: 2 growths of the 128-d arena). The bound counts padded rows.
+        tagger update: 2 growths of the 128-d arena). The bound mirrors ``_alloc``: rows
+        used, plus the largest padding a write needs beyond them.
         """
-        need = dict(g.rows)
+        used, slack = dict(g.rows), {}
+
+        def add(a, rows, pad):
+            used[a] = used.get(a, 0) + rows
+            slack[a] = max(slack.get(a, 0), pad)
+
         consts: dict = {}
         for v, _ in g.pending_consts:
             a = g.val_akey[v]
             consts[a] = consts.get(a, 0) + 1
         for a, n in consts.items():
-            need[a] = need.get(a, 0) + bucket(n)
+            add(a, n, bucket(n) - n)
         sigs = g.node_sig
         for nodes in plan:
             n = len(nodes)
             B = bucket(n) if n > 1 else 2
-            for a in sigs[nodes[0]].out_akeys:
-                need[a] = need.get(a, 0) + B
-        for a, rows in need.items():
+            outs = sigs[nodes[0]].out_akeys
+            for j, a in enumerate(outs):  # outputs of one arena: blocks of B, the last n
+                add(a, B if a in outs[j + 1:] else n, B - n)
+        for a, rows in used.items():
+            rows += slack.get(a, 0)
             arena = self.arenas.get(a)
             if arena is None or arena.shape[0] < rows:
                 self._grow(a, rows)

@@ -34,6 +34,7 @@ def general(g, op, kinds, args):
 
 
 def wrap(g, v, sig):
+    """The Expression(s) of a node whose first output value is ``v``."""
     if sig.multi:
         return tuple([Expression(g, v + j) for j in range(len(sig.out_akeys))])
     return Expression(g, v)

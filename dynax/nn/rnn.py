@@ -316,7 +316,7 @@ class BiRNNBuilder:
 
 # ---- both directions in one node per step ----------------------------------------------------
 
-_PAIRED: dict = {}  # cell Function -> the Function running two steps of it
+_PAIRED: dict = {}  # (cell Function, split) -> the Function running two steps of it
 
 
 def _paired(cell, split: bool = False):

@@ -356,6 +356,7 @@ def _both_directions(fwd, bwd, xs, split: bool = False):
         xs = [_as_expr(x) for x in xs]
         for x in xs:
             _check_vector("BiRNNBuilder.add_inputs", "input", x, fwd.input_dim)
+
         def inputs(rate):
             return [(ops.dropout(x, rate) if rate > 0.0 else x,) for x in xs]
         xf = inputs(fwd.dropout_rate)

@@ -172,7 +172,7 @@ def run_hand(task, warm: list, timed: list, batch_size: int) -> dict:
 
     Its warm-up also compiles the timed batches' jit signatures not met in the warm-up
     batches: what a user precompiling the buckets of a fixed dataset would do (dynax gets the
-    same: an untimed pass over the timed batches, see ``run_dynax``). With
+    same: untimed passes over the timed batches, see ``run_dynax``). With
     ``HandModel.signature`` that is one extra update per new signature; without it, one extra
     pass over the timed batches. ``build`` is the host-side packing, ``forward`` dispatching
     the jitted step (forward, backward and Adam fused) and ``wait`` the step itself (reading

@@ -32,6 +32,17 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _lanes(n: int) -> int:
+    """The lanes a batch of n nodes runs as: its bucket, and 2 for a lone node.
+
+    A lone node runs as 2 lanes (the second repeats the first): in a 1-lane kernel XLA turns
+    the row gather into a dynamic slice fused with the in-place write and copies the whole
+    arena twice per call (seen in the compiled HLO), which made node-by-node execution cost
+    grow with the arena.
+    """
+    return bucket(n) if n > 1 else 2
+
+
 class _AkeySizes(dict):
     def __missing__(self, akey):
         size = self[akey] = int(np.prod(AKEY_AVAL[akey].shape, dtype=np.int64))
@@ -115,8 +126,12 @@ class Engine:
         g.val_row.extend([-1] * (len(g.val_node) - len(g.val_row)))
         lo, hi = g.computed, len(g.node_sig)
         plan = schedule(g.autobatch, g, lo, hi)
-        self._reserve(g, plan)
-        self._load_constants(g)
+        consts: dict = {}  # akey -> [(value id, host array)] of the pending constants
+        for v, arr in g.pending_consts:
+            consts.setdefault(g.val_akey[v], []).append((v, arr))
+        self._reserve(g, plan, consts)
+        self._load_constants(g, consts)
+        g.pending_consts = []
         t1 = time.perf_counter()
         g.seconds["schedule"] += t1 - t0
         for nodes in plan:
@@ -127,7 +142,7 @@ class Engine:
             check_forward(self, g, plan)
         g.seconds["forward"] += time.perf_counter() - t1
 
-    def _reserve(self, g, plan):
+    def _reserve(self, g, plan, consts):
         """Grow each arena, once and before anything runs, to hold all this forward writes.
 
         Kernels are compiled per arena capacity, so an arena growing in the middle of a
@@ -141,16 +156,12 @@ class Engine:
             used[a] = used.get(a, 0) + rows
             slack[a] = max(slack.get(a, 0), pad)
 
-        consts: dict = {}
-        for v, _ in g.pending_consts:
-            a = g.val_akey[v]
-            consts[a] = consts.get(a, 0) + 1
-        for a, n in consts.items():
-            add(a, n, bucket(n) - n)
+        for a, items in consts.items():
+            add(a, len(items), bucket(len(items)) - len(items))
         sigs = g.node_sig
         for nodes in plan:
             n = len(nodes)
-            B = bucket(n) if n > 1 else 2
+            B = _lanes(n)
             outs = sigs[nodes[0]].out_akeys
             for j, a in enumerate(outs):  # outputs of one arena: blocks of B, the last n
                 add(a, B if a in outs[j + 1:] else n, B - n)
@@ -160,14 +171,9 @@ class Engine:
             if arena is None or arena.shape[0] < rows:
                 self._grow(a, rows)
 
-    def _load_constants(self, g):
-        if not g.pending_consts:
-            return
-        groups: dict = {}
-        for v, arr in g.pending_consts:
-            groups.setdefault(g.val_akey[v], []).append((v, arr))
-        g.pending_consts = []
-        for akey, items in groups.items():
+    def _load_constants(self, g, consts):
+        """Copy the pending constants into their arenas: one transfer per arena."""
+        for akey, items in consts.items():
             n = len(items)
             B = bucket(n)
             start = self._alloc(g, akey, n, B)
@@ -202,11 +208,7 @@ class Engine:
     def _run_forward(self, g, nodes):
         sig = g.node_sig[nodes[0]]
         n = len(nodes)
-        # A lone node runs as 2 lanes (the second repeats the first): in a 1-lane kernel XLA
-        # turns the row gather into a dynamic slice fused with the in-place write and copies
-        # the whole arena twice per call (seen in the compiled HLO), which made node-by-node
-        # execution cost grow with the arena
-        B = bucket(n) if n > 1 else 2
+        B = _lanes(n)
         outs = g.node_out
         # where a gradient may flow, the forward kernel also saves the vjp residuals
         gflags = _grad_flags(g, sig, nodes) if g.train and not sig.op.row_gather else None

@@ -152,7 +152,8 @@ def run_dynax(task, strategy: str, warm: list, timed: list, batch_size: int, *,
         return {"total": t3 - t0, "cpu": cpu, **{k: sec[k] for k in PHASES[:4]},
                 "wait": max(0.0, (t1 - t0) - sum(sec[k] for k in PHASES[:4])) + (t3 - t2),
                 "update": t2 - t1, "loss": lv, "nodes": st["nodes"],
-                "batches": st["batches"], "compiles": st["compiles"]}
+                "batches": st["batches"], "launches": st["launches"],
+                "compiles": st["compiles"]}
 
     rows = [update(batch) for batch in warm]
     precompile = []  # compilations per untimed pass
@@ -205,6 +206,7 @@ def run_hand(task, warm: list, timed: list, batch_size: int) -> dict:
             rows.append({"total": t2 - t0, "cpu": time.process_time() - c0, "build": pack_s,
                          "schedule": 0.0, "forward": t1 - t0 - pack_s, "backward": 0.0,
                          "wait": t2 - t1, "update": 0.0, "loss": lv, "nodes": 0, "batches": 0,
+                         "launches": 0,
                          "compiles": _compiles[0] - n0})
     out = summarise("hand-batched JAX", rows, len(warm) + len(extra), batch_size)
     out["signatures"] = len(model.signatures)
@@ -229,7 +231,8 @@ def summarise(name: str, rows: list, n_warm: int, batch_size: int) -> dict:
         "fresh_items_per_s": batch_size / mean("total", warm) if warm else float("nan"),
         "ms_per_update": 1e3 * mean("total"), "cpu_ms_per_update": 1e3 * mean("cpu"),
         **{f"{k}_ms": 1e3 * mean(k) for k in PHASES},
-        "batches_per_update": mean("batches"), "nodes_per_update": mean("nodes"),
+        "batches_per_update": mean("batches"), "launches_per_update": mean("launches"),
+        "nodes_per_update": mean("nodes"),
         "compiles_per_step": mean("compiles"),
         "timed_compiles": sum(r["compiles"] for r in timed),
         "warmup_compiles": sum(r["compiles"] for r in warm),
@@ -264,7 +267,8 @@ def print_result(r: dict, unit: str) -> None:
               f"{r['compiles_per_step']:.2f}")
     else:
         print(f"   {r['nodes_per_update']:.0f} nodes, {r['batches_per_update']:.1f} batches "
-              f"per update; compiles per step after warm-up: {r['compiles_per_step']:.2f} "
+              f"in {r['launches_per_update']:.1f} launches per update; compiles per step after "
+              f"warm-up: {r['compiles_per_step']:.2f} "
               f"({r['timed_compiles']} in {r['timed_updates']} updates)")
     print(f"   mean loss per item: first update {r['loss_first']:.4f}, last {r['loss_last']:.4f}",
           flush=True)

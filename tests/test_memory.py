@@ -120,11 +120,11 @@ def test_arenas_grow_before_a_forward_runs_any_kernel(monkeypatch):
     pass would make the kernels that ran before it compile again. All growth happens first."""
     dx.release_memory()
     events = []
-    grow, run = engine_module.Engine._grow, engine_module.Engine._run_forward
+    grow, run = engine_module.Engine._grow, engine_module.Engine._call_forward
     monkeypatch.setattr(engine_module.Engine, "_grow",
                         lambda self, akey, need: (events.append("grow"), grow(self, akey, need)))
-    monkeypatch.setattr(engine_module.Engine, "_run_forward",
-                        lambda self, g, nodes: (events.append("run"), run(self, g, nodes)))
+    monkeypatch.setattr(engine_module.Engine, "_call_forward",
+                        lambda self, *a: (events.append("run"), run(self, *a)))
     model = Tagger()
     rng = np.random.default_rng(0)
     sentences = [list(rng.integers(0, 50, size=n)) for n in rng.integers(3, 30, size=64)]

@@ -15,17 +15,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..batcher.strategies import schedule
+from ..batcher.plans import PlanCache
 from ..device import get_device
 from ..ops.registry import AKEY_AVAL, CHEAP
 from .buckets import bucket
 from .validity import check_block, check_forward, check_param_grads
-from .kernels import GATHER, UNIFORM, backward_kernel, forward_kernel, load_block, \
-    seed_gradient
+from .kernels import GATHER, UNIFORM, backward_kernel, backward_run_kernel, forward_kernel, \
+    forward_run_kernel, load_block, seed_gradient
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
 ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)
 UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
+FUSE_RUNS = True  # consecutive batches of one kernel run as one lax.scan (see _launch)
+FUSE_MIN_RUN = 2  # batches in a run, at the least, to fuse it
 
 
 def _pow2(n: int) -> int:
@@ -65,8 +67,8 @@ class Batch(NamedTuple):
     sig: object  # Signature
     modes: tuple  # how each value argument was read (GATHER / UNIFORM)
     B: int  # padded size
-    packet: np.ndarray  # the int32 packet sent to the kernel
-    nodes: list  # node ids, one per lane
+    packet: np.ndarray  # the int32 packet sent to the kernel; (T, length) for a run of T
+    nodes: list  # node ids, one per lane (per lane of each step, for a run)
     gflags: tuple | None  # which value arguments need a gradient (None: not computed)
     forward: object  # the residual-saving forward Kernel, or None
     saved: tuple  # its residuals
@@ -89,6 +91,7 @@ class Engine:
 
     def __init__(self):
         self.arenas: dict = {}  # akey -> jax.Array of shape (capacity, *shape)
+        self.plans = PlanCache()  # plans of recurring graph shapes
 
     # ---- arenas -------------------------------------------------------------------------------
     def _alloc(self, g, akey: int, n: int, B: int) -> int:
@@ -119,13 +122,16 @@ class Engine:
     def release_memory(self):
         """Drop every pooled arena (they are re-created on demand)."""
         self.arenas.clear()
+        self.plans.clear()
 
     # ---- forward ---------------------------------------------------------------------------------
     def forward(self, g):
         t0 = time.perf_counter()
         g.val_row.extend([-1] * (len(g.val_node) - len(g.val_row)))
         lo, hi = g.computed, len(g.node_sig)
-        plan = schedule(g.autobatch, g, lo, hi)
+        hits = self.plans.hits
+        plan = self.plans.plan(g.autobatch, g, lo, hi)
+        g.n_plans_reused += self.plans.hits - hits
         consts: dict = {}  # akey -> [(value id, host array)] of the pending constants
         for v, arr in g.pending_consts:
             consts.setdefault(g.val_akey[v], []).append((v, arr))
@@ -134,8 +140,17 @@ class Engine:
         g.pending_consts = []
         t1 = time.perf_counter()
         g.seconds["schedule"] += t1 - t0
+        run: list = []  # prepared batches of one kernel, launched together
+        # 'none' is the node-by-node reference; validity checks look at every batch
+        fuse = FUSE_RUNS and g.autobatch != "none" and not g.check_validity
         for nodes in plan:
-            self._run_forward(g, nodes)
+            step = self._prepare(g, nodes)
+            if run and (not fuse or step[:4] != run[0][:4]):
+                self._launch(g, run)
+                run = []
+            run.append(step)
+        if run:
+            self._launch(g, run)
         g.computed = hi
         g.n_batches += len(plan)
         if g.check_validity:
@@ -205,7 +220,9 @@ class Engine:
                          and rows.count(rows[0]) == n else GATHER)
         return tuple(modes), all_rows
 
-    def _run_forward(self, g, nodes):
+    def _prepare(self, g, nodes):
+        """Rows for a batch's outputs and its int packet: ``(sig, modes, B, gflags, packet,
+        nodes)``; its kernel is launched later (``_launch``), maybe with the next batches."""
         sig = g.node_sig[nodes[0]]
         n = len(nodes)
         B = _lanes(n)
@@ -238,8 +255,30 @@ class Engine:
                 xs = [node_ints[nd][k] for nd in nodes]
                 packet += xs
                 packet += [xs[0]] * (B - n)
-        packet = np.asarray(packet, np.int32)
-        kern = forward_kernel(sig, modes, B, gflags)
+        return sig, modes, B, gflags, packet, nodes
+
+    def _launch(self, g, run):
+        """Run consecutive prepared batches of one kernel: as ``lax.scan`` runs of
+        power-of-two lengths (7 batches: 4, 2, 1), longest first, so a few lengths cover
+        every run (bounded compilations) and no step is padding."""
+        while run:
+            T = 1 << (len(run).bit_length() - 1)
+            kern = forward_run_kernel(*run[0][:4], T) if T >= FUSE_MIN_RUN else None
+            if kern is None:  # one launch per batch
+                for sig, modes, B, gflags, packet, nodes in run[:T]:
+                    step = forward_kernel(sig, modes, B, gflags)
+                    self._call_forward(g, sig, modes, B, gflags, np.asarray(packet, np.int32),
+                                       nodes, step, step)
+            else:
+                sig, modes, B, gflags = run[0][:4]
+                self._call_forward(g, sig, modes, B, gflags,
+                                   np.asarray([r[4] for r in run[:T]], np.int32),
+                                   [nd for r in run[:T] for nd in r[5]], kern,
+                                   forward_kernel(sig, modes, B, gflags))
+            run = run[T:]
+
+    def _call_forward(self, g, sig, modes, B, gflags, packet, nodes, kern, step):
+        """Launch ``kern`` (``step``, or a run of it) and record the batch for backward."""
         arenas = self.arenas
         new, saved = kern.fn(tuple(arenas[a] for a in kern.write_akeys),
                              tuple(arenas[a] for a in kern.read_akeys),
@@ -248,8 +287,9 @@ class Engine:
             arenas[a] = arr
         if gflags is None:
             saved = ()  # from a reused training kernel: not needed
+        g.n_launches += 1
         g.batches.append(Batch(sig, modes, B, packet, nodes, gflags,
-                               kern if gflags is not None else None, saved))
+                               step if gflags is not None else None, saved))
 
     # ---- reading ---------------------------------------------------------------------------------
     def read(self, g, v: int) -> np.ndarray:
@@ -289,7 +329,10 @@ class Engine:
             if g.check_validity:
                 for j, a in enumerate(sig.out_akeys):
                     check_block(g, grads[a], packet[1 + j], nodes, sig, "gradient")
-            kern = backward_kernel(sig, modes, gflags, B, fwd)
+            if packet.ndim == 1:
+                kern = backward_kernel(sig, modes, gflags, B, fwd)
+            else:  # a fused run (see _launch)
+                kern = backward_run_kernel(sig, modes, gflags, B, fwd, packet.shape[0])
             params = sig.params
             new_g, new_pg = kern.fn(tuple(grads[a] for a in kern.write_akeys),
                                     tuple(p._grad_buffer() for p in params),

@@ -268,6 +268,65 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     return k
 
 
+
+def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) -> Kernel:
+    """``T`` consecutive batches of one forward kernel as one ``lax.scan``: arguments as the
+    single kernel's but ``packets`` of shape ``(T, packet length)``; residuals stacked.
+
+    Running the batches one after another inside the scan is what launching them one by one
+    does (the read-only arenas are not written by this kernel), so any run is valid; it
+    saves a launch per step, which is the whole cost of a small recurrent step (an RNN
+    over one sentence runs one 1-lane step per word). None for an evaluation run
+    (``gflags=None``) of a kernel trained but never in a run of ``T``: its steps are
+    launched one by one then, compiling nothing.
+    """
+    key = ("fwd_run", modes, B, gflags, T)
+    k = sig.kernels.get(key)
+    if k is not None:
+        return k
+    if gflags is None:  # evaluation: as forward_kernel, reuse what training compiled
+        trained = False
+        for other, k in sig.kernels.items():
+            if other[0] == "fwd" and other[1:3] == (modes, B) and other[3] is not None:
+                trained = True
+            elif other[0] == "fwd_run" and other[1:3] == (modes, B) and other[4] == T \
+                    and other[3] is not None:
+                sig.kernels[key] = k
+                return k
+        if trained:
+            return None  # no such run in training: launch its steps with the trained kernel
+    step = forward_kernel(sig, modes, B, gflags)
+
+    def kernel(warenas, rarenas, params, packets):
+        return lax.scan(lambda w, packet: step.fn(w, rarenas, params, packet), warenas, packets)
+
+    k = Kernel(jax.jit(kernel, donate_argnums=(0,)), step.write_akeys, step.read_akeys,
+               step.meta)
+    sig.kernels[key] = k
+    return k
+
+
+def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kernel | None,
+                        T: int) -> Kernel:
+    """The backward of ``forward_run_kernel``: the single backward kernel over the steps in
+    reverse order (a step's input cotangents are complete only once every later step that
+    reads its outputs has run), residuals and packets stacked per step."""
+    key = ("bwd_run", modes, gflags, B, forward is not None, T)
+    k = sig.kernels.get(key)
+    if k is not None:
+        return k
+    step = backward_kernel(sig, modes, gflags, B, forward)
+
+    def kernel(garenas, pgrads, varenas, params, saved, packets):
+        def body(carry, xs):
+            return step.fn(*carry, varenas, params, *xs), None
+        return lax.scan(body, (garenas, pgrads), (saved, packets), reverse=True)[0]
+
+    k = Kernel(jax.jit(kernel, donate_argnums=(0, 1)), step.write_akeys, step.read_akeys, {})
+    sig.kernels[key] = k
+    return k
+
+
 def _load(arena, block, start):
     return lax.dynamic_update_slice_in_dim(arena, block, start, 0)
 

@@ -59,6 +59,8 @@ class ComputationGraph:
         self.computed = 0  # nodes [0, computed) have values
         self.batches: list = []  # executed batch records, forward order (for backward)
         self.n_batches = 0
+        self.n_launches = 0  # forward kernel launches (a fused run of batches is one)
+        self.n_plans_reused = 0  # forwards whose plan came from the executor's plan cache
         self.compiles0 = _compile_count()
         self.seconds = {"build": 0.0, "schedule": 0.0, "forward": 0.0, "backward": 0.0}
         self._mark = time.perf_counter()
@@ -224,9 +226,12 @@ class ComputationGraph:
             self.engine.fetch(self, value_ids)
 
     def stats(self) -> dict:
-        """Counters of this graph: nodes, batches, compiles and seconds per phase."""
+        """Counters of this graph: nodes, batches (groups of nodes run as one), launches
+        (forward kernel launches: consecutive batches of one kernel run as one ``lax.scan``),
+        compiles, plans reused and seconds per phase."""
         return {"nodes": len(self.node_sig), "values": len(self.val_node),
                 "batches": self.n_batches, "compiles": _compile_count() - self.compiles0,
+                "launches": self.n_launches, "plans_reused": self.n_plans_reused,
                 "seconds": dict(self.seconds)}
 
 

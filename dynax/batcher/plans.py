@@ -1,0 +1,63 @@
+"""Plans of recurring graph shapes, reused instead of scheduled again.
+
+A training loop over fixed-shape inputs (equal lengths, a bucketed corpus, one tree shape
+for many inputs) builds the same graph every update, up to the integers it reads (token
+ids, labels): same signatures, same edges. The plan depends on nothing else, so it is
+looked up instead of recomputed: the agenda costs ~30 ms for the 13k nodes of a synthetic
+BiLSTM update, the lookup ~1 ms.
+
+The full key (every pending node's signature, argument values, first output and depth)
+costs ~0.1 us per node to hash, so it is built only for a graph whose cheap key (strategy,
+node range, value count) was met before: a workload whose graphs never recur (variable
+lengths) pays one small tuple per forward.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .strategies import schedule
+
+
+class PlanCache:
+    """The last ``size`` plans, keyed by graph shape; plans are shared, so read-only."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self.plans: OrderedDict = OrderedDict()  # hash of full key -> (full key, plan)
+        self.seen: OrderedDict = OrderedDict()  # cheap keys met recently
+        self.hits = 0
+
+    def clear(self):
+        self.plans.clear()
+        self.seen.clear()
+
+    def plan(self, strategy: str, graph, lo: int, hi: int) -> list[list[int]]:
+        """The plan of ``schedule(strategy, graph, lo, hi)``, from the cache if the same
+        graph shape was scheduled recently."""
+        if strategy == "none":
+            return schedule(strategy, graph, lo, hi)
+        cheap = (strategy, lo, hi, len(graph.val_node))
+        if cheap not in self.seen:
+            _remember(self.seen, cheap, True, 4 * self.size)
+            return schedule(strategy, graph, lo, hi)
+        self.seen.move_to_end(cheap)
+        # node_vals and node_out fix the edges among pending nodes (which values a pending
+        # node produces); node_depth covers the depths of earlier, computed producers
+        key = (cheap, tuple(graph.node_sig[lo:hi]), tuple(graph.node_vals[lo:hi]),
+               tuple(graph.node_out[lo:hi]), tuple(graph.node_depth[lo:hi]))
+        # keyed by the hash: a tuple does not keep its hash, and hashing this one costs ~1 ms
+        h = hash(key)
+        got = self.plans.get(h)
+        if got is not None and got[0] == key:
+            self.plans.move_to_end(h)
+            self.hits += 1
+            return got[1]
+        plan = schedule(strategy, graph, lo, hi)
+        _remember(self.plans, h, (key, plan), self.size)
+        return plan
+
+
+def _remember(lru: OrderedDict, key, value, size: int):
+    lru[key] = value
+    if len(lru) > size:
+        lru.popitem(last=False)

@@ -1,0 +1,157 @@
+"""The plan cache: a graph of a recently scheduled shape reuses its plan, and only then.
+
+Reuse must never change a value or a gradient (compared with ``autobatch="none"`` and with
+``jax.grad`` of the same math), and a graph that only looks alike (same node and value
+counts, other edges or depths) must be scheduled afresh."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dynax as dx
+from dynax.graph.computation_graph import _engine
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+class Chains:
+    """Per instance: a chain of ``tanh(W @ h + E[w])`` over its words, then a loss."""
+
+    def __init__(self):
+        self.pc = pc = dx.ParameterCollection(seed=0)
+        self.W = pc.add_parameters((4, 4), name="W")
+        self.E = pc.add_lookup_parameters((10, 4), name="E")
+
+    def loss(self, sentences):
+        losses = []
+        for words, label in sentences:
+            h = dx.zeros((4,))
+            for w in words:
+                h = dx.tanh(self.W @ h + self.E[w])
+            losses.append(dx.pickneglogsoftmax(h, label))
+        return dx.esum(losses)
+
+    def reference(self, W, E, sentences):
+        total = 0.0
+        for words, label in sentences:
+            h = jnp.zeros(4)
+            for w in words:
+                h = jnp.tanh(W @ h + E[w])
+            total = total - jax.nn.log_softmax(h)[label]
+        return total
+
+
+def _same_shape_batches(n, seed=0):
+    """Batches of one shape (lengths 3, 5, 2) with other words and labels each time."""
+    rng = np.random.default_rng(seed)
+    return [[(list(rng.integers(0, 10, k)), int(rng.integers(0, 4))) for k in (3, 5, 2)]
+            for _ in range(n)]
+
+
+def _run(model, batch, strategy):
+    for p in model.pc.parameters():
+        p.zero_grad()
+    cg = dx.renew_cg(autobatch=strategy)
+    loss = model.loss(batch)
+    value = loss.scalar_value()
+    loss.backward()
+    grads = {p.name: np.asarray(p.grad) for p in model.pc.parameters()}
+    return value, grads, cg.stats()["plans_reused"]
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_recurring_shape_reuses_its_plan_with_equal_values_and_gradients(strategy):
+    dx.release_memory()
+    model = Chains()
+    reused = []
+    for batch in _same_shape_batches(4):
+        value, grads, n = _run(model, batch, strategy)
+        reused.append(n)
+        ref_value, ref_grads, _ = _run(model, batch, "none")
+        jv, (gW, gE) = jax.value_and_grad(model.reference, argnums=(0, 1))(
+            model.W.value, model.E.value, batch)
+        np.testing.assert_allclose(value, ref_value, **TOL)
+        np.testing.assert_allclose(value, jv, **TOL)
+        for name, ref in (("W", gW), ("E", gE)):
+            np.testing.assert_allclose(grads[name], ref_grads[name], **TOL)
+            np.testing.assert_allclose(grads[name], ref, **TOL)
+    # first sight remembers the shape, the second stores the plan, later ones reuse it
+    assert reused == [0, 0, 1, 1]
+
+
+def test_none_never_caches():
+    dx.release_memory()
+    model = Chains()
+    assert [_run(model, b, "none")[2] for b in _same_shape_batches(3)] == [0, 0, 0]
+
+
+def _fan_or_chain(chain: bool, x):
+    """Two tanh nodes on one input: in a chain (depths 1, 2) or side by side (1, 1); the
+    graphs have equal node and value counts."""
+    a = dx.input(x)
+    b = dx.tanh(a)
+    c = dx.tanh(b if chain else a)
+    return b, c
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_look_alike_graph_is_scheduled_afresh(strategy):
+    """A fan's plan runs both nodes in one batch; reused for a chain, the second node would
+    read the first before it is computed."""
+    dx.release_memory()
+    x = np.array([0.3, -1.2, 2.0], np.float32)
+    for _ in range(3):
+        cg = dx.renew_cg(autobatch=strategy)
+        b, c = _fan_or_chain(False, x)
+        dx.forward([b, c])
+    assert cg.stats()["plans_reused"] == 1
+    cg = dx.renew_cg(autobatch=strategy)
+    b, c = _fan_or_chain(True, x)
+    dx.forward([b, c])
+    assert cg.stats()["plans_reused"] == 0
+    np.testing.assert_allclose(c.npvalue(), np.tanh(np.tanh(x)), **TOL)
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_incremental_forwards_keep_their_own_plans(strategy):
+    """Forward passes over later node ranges of one graph (as the parser's steps do) are
+    keyed by their range and by the depths of what came before."""
+    dx.release_memory()
+    x = np.array([0.5, -0.25], np.float32)
+    for _ in range(3):
+        cg = dx.renew_cg(autobatch=strategy)
+        h = dx.input(x)
+        expected = x
+        for _ in range(3):  # three forwards of one node each, at depths 1, 2, 3
+            h = dx.tanh(h)
+            expected = np.tanh(expected)
+            np.testing.assert_allclose(h.npvalue(), expected, **TOL)
+    assert cg.stats()["plans_reused"] == 3
+
+
+def test_release_memory_forgets_plans():
+    model = Chains()
+    batches = _same_shape_batches(3)
+    dx.release_memory()
+    assert [_run(model, b, "agenda")[2] for b in batches] == [0, 0, 1]
+    dx.release_memory()
+    assert not _engine().plans.plans
+    assert _run(model, batches[0], "agenda")[2] == 0
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_a_cached_plan_is_the_plan_scheduling_would_give(strategy):
+    from dynax.batcher.plans import PlanCache
+    from dynax.batcher.strategies import schedule
+    cache = PlanCache(size=2)
+    shapes = [(3, 5, 2), (4, 4), (3, 5, 2), (1, 6, 2, 2), (4, 4), (3, 5, 2)]
+    rng = np.random.default_rng(1)
+    model = Chains()
+    for lengths in shapes * 2:
+        cg = dx.renew_cg(autobatch=strategy)
+        model.loss([(list(rng.integers(0, 10, k)), int(rng.integers(0, 4))) for k in lengths])
+        n = cg.stats()["nodes"]
+        assert cache.plan(strategy, cg, 0, n) == schedule(strategy, cg, 0, n)
+    assert cache.hits > 0

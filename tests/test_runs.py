@@ -1,0 +1,124 @@
+"""Fused runs: consecutive batches of one kernel (an RNN over a single sentence: one 1-lane
+step per word) run as one ``lax.scan`` launch per power-of-two piece. Values and gradients
+must equal the node-by-node reference and ``jax.grad`` of the same math, for runs of every
+piece length, with and without residuals, and for a loss in the middle of a run."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dynax as dx
+from dynax.executor import engine as engine_module
+from dynax.graph.computation_graph import _compile_count
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+IN, HID = 3, 4
+PC = dx.ParameterCollection(seed=0)
+LSTM = dx.nn.LSTMBuilder(1, IN, HID, PC)
+
+
+def ref_states(vals, xs):
+    """Plain-JAX LSTM (the builder's gate order i, f, o, g); hidden state after each input."""
+    Wx, Wh, b = vals
+    c = h = jnp.zeros(HID)
+    hs = []
+    for x in xs:
+        i, f, o, g = jnp.split(Wx @ x + Wh @ h + b, 4)
+        c = jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * c
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        hs.append(h)
+    return hs
+
+
+def _data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return ([rng.standard_normal(IN).astype(np.float32) for _ in range(n)],
+            [rng.standard_normal(HID).astype(np.float32) for _ in range(n)])
+
+
+def _run(strategy, xs, ws, upto=None, train=True):
+    """Loss sum_t <h_t, w_t> over the first ``upto`` steps of an LSTM over ``xs``; all steps
+    are computed first, so a loss in the middle leaves later steps in the same run."""
+    for p in PC.parameters():
+        p.zero_grad()
+    cg = dx.renew_cg(autobatch=strategy, train=train)
+    hs = LSTM.initial_state().transduce([dx.input(x) for x in xs])
+    dx.forward(hs)  # the steps alone first: consecutive batches under every strategy
+    upto = len(xs) if upto is None else upto
+    loss = dx.esum([dx.dot_product(h, dx.input(w)) for h, w in zip(hs[:upto], ws)])
+    value = loss.scalar_value()
+    loss.backward()
+    return value, [h.npvalue() for h in hs], [np.asarray(p.grad) for p in PC.parameters()], \
+        cg.stats()
+
+
+# the first step differs (no gradient flows into its zero state): runs of n-1 steps, pieces
+# 2; 4+2+1; 8+4
+@pytest.mark.parametrize("n", [3, 8, 13])
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_a_run_equals_node_by_node_and_jax_grad(strategy, n):
+    xs, ws = _data(n)
+    value, hs, grads, stats = _run(strategy, xs, ws)
+    ref_value, ref_hs, ref_grads, ref_stats = _run("none", xs, ws)
+    assert ref_stats["launches"] == ref_stats["batches"] == ref_stats["nodes"]  # never fused
+    assert stats["launches"] < stats["batches"], stats  # the steps ran as runs
+    vals = [p.value for p in PC.parameters()]
+
+    def loss_fn(vals):
+        return sum(jnp.dot(h, w) for h, w in zip(ref_states(vals, xs), ws))
+
+    np.testing.assert_allclose(value, ref_value, **TOL)
+    np.testing.assert_allclose(value, loss_fn(vals), **TOL)
+    for h, r, j in zip(hs, ref_hs, ref_states(vals, xs)):
+        np.testing.assert_allclose(h, r, **TOL)
+        np.testing.assert_allclose(h, j, **TOL)
+    for g, r, j in zip(grads, ref_grads, jax.grad(loss_fn)(vals)):
+        np.testing.assert_allclose(g, r, **TOL)
+        np.testing.assert_allclose(g, j, **TOL)
+
+
+def test_a_loss_in_the_middle_of_a_run():
+    """Steps after the loss ran in the same launch; their zero cotangents change nothing."""
+    xs, ws = _data(8, seed=1)
+    value, _, grads, stats = _run("agenda", xs, ws, upto=5)
+    assert stats["launches"] < stats["batches"]
+    vals = [p.value for p in PC.parameters()]
+
+    def loss_fn(vals):
+        return sum(jnp.dot(h, w) for h, w in zip(ref_states(vals, xs)[:5], ws))
+
+    np.testing.assert_allclose(value, loss_fn(vals), **TOL)
+    for g, j in zip(grads, jax.grad(loss_fn)(vals)):
+        np.testing.assert_allclose(g, j, **TOL)
+
+
+def test_switching_fusion_off_changes_launches_only(monkeypatch):
+    xs, ws = _data(7, seed=2)
+    fused = _run("agenda", xs, ws)
+    monkeypatch.setattr(engine_module, "FUSE_RUNS", False)
+    single = _run("agenda", xs, ws)
+    assert single[3]["launches"] == single[3]["batches"] == fused[3]["batches"]
+    assert fused[3]["launches"] < fused[3]["batches"]
+    np.testing.assert_allclose(fused[0], single[0], **TOL)
+    for a, b in zip(fused[1] + fused[2], single[1] + single[2]):
+        np.testing.assert_allclose(a, b, **TOL)
+
+
+def test_evaluation_reuses_trained_runs_and_backward_recomputes():
+    """A train=False graph saves no residuals: it reuses the training run kernels (compiling
+    nothing) and its backward recomputes the forward pass inside the reversed scan."""
+    xs, ws = _data(7, seed=3)
+    trained = _run("agenda", xs, ws)
+    before = _compile_count()
+    dx.renew_cg(autobatch="agenda", train=False)
+    hs = LSTM.initial_state().transduce([dx.input(x) for x in xs])
+    dx.forward(hs)
+    assert _compile_count() == before
+    for h, r in zip(hs, trained[1]):
+        np.testing.assert_allclose(h.npvalue(), r, **TOL)
+    evaluated = _run("agenda", xs, ws, train=False)
+    np.testing.assert_allclose(evaluated[0], trained[0], **TOL)
+    for a, b in zip(evaluated[2], trained[2]):
+        np.testing.assert_allclose(a, b, **TOL)

@@ -28,6 +28,7 @@ ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 
 UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
 FUSE_RUNS = True  # consecutive batches of one kernel run as one lax.scan (see _launch)
 FUSE_MIN_RUN = 2  # batches in a run, at the least, to fuse it
+FUSE_MAX_MACS = 1 << 24  # fuse steps of at most this many lanes x parameter elements
 
 
 def _pow2(n: int) -> int:
@@ -52,6 +53,17 @@ class _AkeySizes(dict):
 
 
 AKEY_SIZE = _AkeySizes()  # akey -> elements per value
+
+
+_PARAM_ELEMENTS: dict = {}  # signature id -> elements of its parameters
+
+
+def _param_elements(sig) -> int:
+    """Elements of a signature's parameters: per lane, about the multiply-adds of a step."""
+    n = _PARAM_ELEMENTS.get(sig.sid)
+    if n is None:
+        n = _PARAM_ELEMENTS[sig.sid] = sum(int(np.prod(p.shape)) for p in sig.params)
+    return n
 
 
 @jax.jit
@@ -258,23 +270,25 @@ class Engine:
         return sig, modes, B, gflags, packet, nodes
 
     def _launch(self, g, run):
-        """Run consecutive prepared batches of one kernel: as ``lax.scan`` runs of
-        power-of-two lengths (7 batches: 4, 2, 1), longest first, so a few lengths cover
-        every run (bounded compilations) and no step is padding."""
+        """Run consecutive prepared batches of one kernel. Small steps (launch-bound) run as
+        ``lax.scan`` runs of power-of-two lengths (7 batches: 4, 2, 1), longest first, so a
+        few lengths cover every run (bounded compilations) and no step is padding; large
+        ones run one launch each (measured on the synthetic BiLSTM's 64-lane steps: a scan
+        costs the device more than the launches it saves)."""
+        sig, modes, B, gflags = run[0][:4]
+        fuse = len(run) >= FUSE_MIN_RUN and B * _param_elements(sig) <= FUSE_MAX_MACS
         while run:
-            T = 1 << (len(run).bit_length() - 1)
-            kern = forward_run_kernel(*run[0][:4], T) if T >= FUSE_MIN_RUN else None
+            T = 1 << (len(run).bit_length() - 1) if fuse else 1
+            kern = forward_run_kernel(sig, modes, B, gflags, T) if T >= FUSE_MIN_RUN else None
+            step = forward_kernel(sig, modes, B, gflags)
             if kern is None:  # one launch per batch
-                for sig, modes, B, gflags, packet, nodes in run[:T]:
-                    step = forward_kernel(sig, modes, B, gflags)
+                for packet, nodes in (r[4:] for r in run[:T]):
                     self._call_forward(g, sig, modes, B, gflags, np.asarray(packet, np.int32),
                                        nodes, step, step)
             else:
-                sig, modes, B, gflags = run[0][:4]
                 self._call_forward(g, sig, modes, B, gflags,
                                    np.asarray([r[4] for r in run[:T]], np.int32),
-                                   [nd for r in run[:T] for nd in r[5]], kern,
-                                   forward_kernel(sig, modes, B, gflags))
+                                   [nd for r in run[:T] for nd in r[5]], kern, step)
             run = run[T:]
 
     def _call_forward(self, g, sig, modes, B, gflags, packet, nodes, kern, step):

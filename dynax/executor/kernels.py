@@ -268,7 +268,6 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     return k
 
 
-
 def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) -> Kernel:
     """``T`` consecutive batches of one forward kernel as one ``lax.scan``: arguments as the
     single kernel's but ``packets`` of shape ``(T, packet length)``; residuals stacked.

@@ -98,6 +98,16 @@ def _vjp(batched, xs, diff, params, ints):
     return jax.vjp(f, [xs[i] for i in diff], params)
 
 
+def _trained_variant(sig, kind: str, modes: tuple, B: int, *rest):
+    """A compiled kernel ``(kind, modes, B, gflags, *rest)`` of ``sig`` with gradient flags
+    (a training variant), or None."""
+    for other, k in sig.kernels.items():
+        if other[0] == kind and other[1:3] == (modes, B) and other[3] is not None \
+                and other[4:] == rest:
+            return k
+    return None
+
+
 def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Kernel:
     """The cached forward kernel
     ``(write_arenas, read_arenas, params, packet) -> (write_arenas, residuals)``.
@@ -115,10 +125,10 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
     if gflags is None:
         # an evaluation forward (no gradient) reuses a compiled training variant if there is
         # one, ignoring its residuals, rather than compiling a residual-free twin
-        for other, k in sig.kernels.items():
-            if other[:3] == ("fwd", modes, B) and other[3] is not None:
-                sig.kernels[key] = k  # found once, not searched for again
-                return k
+        k = _trained_variant(sig, "fwd", modes, B)
+        if k is not None:
+            sig.kernels[key] = k  # found once, not searched for again
+            return k
     out_off, val_off, int_off = _offsets(sig, modes, B)
     w_akeys = _unique(sig.out_akeys)
     r_akeys = _unique(a for a in sig.in_akeys if a not in w_akeys)
@@ -284,15 +294,11 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
     if k is not None:
         return k
     if gflags is None:  # evaluation: as forward_kernel, reuse what training compiled
-        trained = False
-        for other, k in sig.kernels.items():
-            if other[0] == "fwd" and other[1:3] == (modes, B) and other[3] is not None:
-                trained = True
-            elif other[0] == "fwd_run" and other[1:3] == (modes, B) and other[4] == T \
-                    and other[3] is not None:
-                sig.kernels[key] = k
-                return k
-        if trained:
+        k = _trained_variant(sig, "fwd_run", modes, B, T)
+        if k is not None:
+            sig.kernels[key] = k
+            return k
+        if _trained_variant(sig, "fwd", modes, B) is not None:
             return None  # no such run in training: launch its steps with the trained kernel
     step = forward_kernel(sig, modes, B, gflags)
 

@@ -133,3 +133,16 @@ def test_arenas_grow_before_a_forward_runs_any_kernel(monkeypatch):
     loss.value()
     assert "grow" in events and "run" in events  # the arenas started small and grew
     assert "grow" not in events[events.index("run"):], events
+
+
+def test_gradient_buffers_are_zero_on_the_selected_device_and_compile_once():
+    from dynax.device import get_device, zeros
+    from dynax.graph.computation_graph import _compile_count
+    a = zeros((3, 5), np.float32)
+    assert a.shape == (3, 5) and a.dtype == np.float32 and not np.asarray(a).any()
+    assert a.devices() == {get_device()}
+    assert zeros((2,), np.int32).dtype == np.int32
+    before = _compile_count()
+    b = zeros((3, 5), np.float32)
+    assert _compile_count() == before  # the fill is cached per (device, shape, dtype)
+    assert b is not a  # a new buffer each call: gradient buffers are donated and updated

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..batcher.plans import PlanCache
-from ..device import get_device
+from ..device import get_device, zeros
 from ..ops.registry import AKEY_AVAL, CHEAP
 from .buckets import bucket
 from .validity import check_block, check_forward, check_param_grads
@@ -331,7 +331,7 @@ class Engine:
         loss_node = g.val_node[v]
         if loss_node < 0:
             return  # a constant: no parameter contributed
-        grads = {a: jnp.zeros_like(self.arenas[a]) for a in g.rows}
+        grads = {a: zeros(self.arenas[a].shape, self.arenas[a].dtype) for a in g.rows}
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
         for sig, modes, B, packet, nodes, gflags, fwd, saved in reversed(g.batches):
             if min(nodes) > loss_node:

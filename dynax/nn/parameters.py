@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..device import get_device
+from ..device import get_device, zeros
 from ..errors import InvalidArgumentError
 from ..operators import Operators
 
@@ -90,7 +90,7 @@ class Parameter(Operators):
     def _grad_buffer(self) -> jax.Array:
         """The live gradient buffer (donated to backward kernels)."""
         if self._grad is None:
-            self._grad = jnp.zeros(self.shape, self.dtype, device=get_device())
+            self._grad = zeros(self.shape, self.dtype)
         return self._grad
 
     def _accumulate(self, new_grad, sig, graph, nodes) -> None:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..device import get_device
+from ..device import get_device, zeros
 from ..executor.buckets import bucket
 from .parameters import LookupParameter
 
@@ -126,7 +126,7 @@ class Trainer:
         dense = groups[""]
         if dense:
             values = {p.name: p._value for p in dense}
-            grads = {p.name: (p._grad if p._grad is not None else jnp.zeros(p.shape, p.dtype))
+            grads = {p.name: (p._grad if p._grad is not None else zeros(p.shape, p.dtype))
                      for p in dense}
             new, self._state[""] = self._dense_step(values, grads, self._state[""], scale)
             for p in dense:

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import dynax as dx
-from dynax.nn import rnn
 
 STRATEGIES = ("none", "depth", "agenda")
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -28,15 +27,6 @@ def _rand(*shape):
 def _zero_grads():
     for p in PC.parameters():
         p.zero_grad()
-
-
-@pytest.fixture(params=[False, True], ids=["fused", "hoisted"])
-def hoist(request, monkeypatch):
-    """Each layer's input projection inside its step node (small ``W_x``, as here) or, when
-    hoisted, a node of its own (as for large ``W_x``, ``rnn.HOIST_MIN_ELEMENTS``)."""
-    if request.param:
-        monkeypatch.setattr(rnn, "HOIST_MIN_ELEMENTS", 0)
-    return request.param
 
 
 _REFERENCE: dict = {}  # test key -> (reference outputs, reference gradients)
@@ -124,7 +114,7 @@ SEQ_LENGTHS = (3, 5, 4, 4)  # batches of 4 (and 1): few kernel sizes to compile
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("cls", list(REFS), ids=lambda c: c.__name__)
-def test_rnn_builder_values_and_grads(cls, strategy, hoist):
+def test_rnn_builder_values_and_grads(cls, strategy):
     builder, cell, layers = BUILDERS[cls], REFS[cls], LAYERS[cls]
     rng = np.random.default_rng(1)  # the same data under every strategy
     seqs = [[rng.standard_normal(IN, np.float32) for _ in range(n)] for n in SEQ_LENGTHS]
@@ -149,11 +139,7 @@ def test_rnn_builder_values_and_grads(cls, strategy, hoist):
     _check(cls, [loss] + _flat(outs), builder.pc.parameters(), ref_loss_and_outs, ref_loss)
     _check_batches(cg, strategy, 3)
     if strategy == "agenda":  # one batch per (layer, step) cell + a few for the loss
-        # (+ the projections: all at once for layer 1, per step above)
-        bound = layers * max(SEQ_LENGTHS) + 6 + (1 + (layers - 1) * max(SEQ_LENGTHS)) * hoist
-        assert cg.stats()["batches"] <= bound, cg.stats()
-        names = {s.op.name for s in cg.node_sig}
-        assert ("_input_projection" in names) == hoist, names
+        assert cg.stats()["batches"] <= layers * max(SEQ_LENGTHS) + 6, cg.stats()
 
 
 @pytest.mark.parametrize("cls", list(REFS), ids=lambda c: c.__name__)
@@ -265,7 +251,7 @@ def ref_birnn(cell, n_states, layers, vals, xs):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_birnn(strategy, hoist):
+def test_birnn(strategy):
     params = BI.pc.parameters()
     assert len(params) == 12 and params[0].shape == (HID, IN)
     assert params[6].shape == (HID, 2 * HID)  # layer 2 reads the concatenated outputs
@@ -289,7 +275,7 @@ def test_birnn(strategy, hoist):
     assert BI.transduce([]) == []
 
 
-def test_birnn_lstm_values(hoist):
+def test_birnn_lstm_values():
     pc = dx.ParameterCollection(seed=3)
     bi = dx.nn.BiRNNBuilder(1, IN, 2 * HID, pc, dx.nn.LSTMBuilder)
     xs = [_rand(IN) for _ in range(3)]
@@ -300,7 +286,7 @@ def test_birnn_lstm_values(hoist):
 
 
 @pytest.mark.parametrize("strategy", ("none", "agenda"))
-def test_birnn_two_layers_with_dropout_set(strategy, hoist):
+def test_birnn_two_layers_with_dropout_set(strategy):
     """With dropout on, layer 2's input is concatenated by a node (dropout applies to the
     whole input); evaluated with train=False the values equal the plain BiLSTM's."""
     pc = dx.ParameterCollection(seed=5)
@@ -330,22 +316,6 @@ def test_birnn_one_node_per_position_and_layer():
     assert len(paired) == 2 * n, names  # n per layer
     assert sum(m.startswith("bidirectional_split") for m in names) == n, names  # layer 2
     assert len(names) == 2 * n + n, names  # + transduce's n concatenations
-
-
-def test_birnn_hoisted_projections_one_node_per_position_and_layer(monkeypatch):
-    """Hoisted, a position's projections for both directions are one node, and so are the
-    two directions' steps: 2n paired nodes per layer over n inputs."""
-    monkeypatch.setattr(rnn, "HOIST_MIN_ELEMENTS", 0)
-    n = 5
-    cg = dx.renew_cg()
-    xs = [dx.input(_rand(IN)) for _ in range(n)]
-    before = len(cg.node_sig)
-    BI.transduce(xs)
-    names = [s.op.name for s in cg.node_sig[before:]]
-    assert names.count("bidirectional_input_projection") == n, names  # layer 1
-    assert names.count("bidirectional_split_input_projection") == n, names  # layer 2
-    assert names.count("bidirectional_rnn_step") == 2 * n, names
-    assert len(names) == 4 * n + n, names  # + transduce's n concatenations
 
 
 class _ScaledRNN(dx.nn.SimpleRNNBuilder):

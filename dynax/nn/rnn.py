@@ -8,13 +8,9 @@ immutable position in a sequence::
     s2.output()                          # top-layer h
     hs = builder.initial_state().transduce(xs)
 
-Each layer step is one graph node (a ``@dx.function`` cell), so the autobatcher runs the same
-step of many sequences (and of different time steps that are ready together) as one kernel.
-Where ``W_x`` is large (``HOIST_MIN_ELEMENTS``), the input projection ``W_x x + b`` is a
-node of its own: it does not depend on the state, so the projections of all positions of all
-sequences run as one large matrix product (what a hand-written LSTM computes before its
-``lax.scan``), and the recurrent step only applies ``W_h``. ``BiRNNBuilder`` puts the two
-directions' step t (and projections of a position) in one node.
+Each layer step is ONE graph node (a ``@dx.function`` cell; ``BiRNNBuilder`` puts a step of
+each direction in one node), so the autobatcher runs the same step of many sequences (and of
+different time steps that are ready together) as one kernel.
 Equations, with ``σ`` the logistic sigmoid and ``[W_x | W_h]`` one layer's weights:
 
 * SimpleRNN: ``h' = tanh(W_x x + W_h h + b)``
@@ -37,61 +33,26 @@ from ..ops.function import function
 
 # ---- cells: one single-instance step each (one graph node per call) ----------------------------
 
-# Elements of W_x from which a layer's input projection is a node of its own. Measured on
-# this 2-core CPU: W_x 1024x200 and 1024x512 (synthetic BiLSTM) 72-77 -> 83-96 sentences/s,
-# 1024x256 (RNN LM) batch 1 25-27 -> 30-35, batch 64 on par; W_x 512x128 (tagger) a few %
-# slower: the extra node per position costs more host time than the larger product saves.
-HOIST_MIN_ELEMENTS = 1 << 17
+@function
+def _rnn_cell(x, h, Wx, Wh, b):
+    return jnp.tanh(Wx @ x + Wh @ h + b)
 
 
 @function
-def _input_projection(x, Wx, b):
-    """A layer's ``W_x x + b``, outside the recurrence (hoisted)."""
-    return Wx @ x + b
-
-
-@function
-def _rnn_step(px, h, Wh):
-    return jnp.tanh(px + Wh @ h)
-
-
-@function
-def _lstm_step(px, c, h, Wh):
-    i, f, o, g = jnp.split(px + Wh @ h, 4)
+def _lstm_cell(x, c, h, Wx, Wh, b):
+    i, f, o, g = jnp.split(Wx @ x + Wh @ h + b, 4)
     c2 = jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * c
     return c2, jax.nn.sigmoid(o) * jnp.tanh(c2)
 
 
 @function
-def _gru_step(px, h, Wh):
+def _gru_cell(x, h, Wx, Wh, b):
     n_h = h.shape[0]
-    zr = jax.nn.sigmoid(px[:2 * n_h] + Wh[:2 * n_h] @ h)
+    gx = Wx @ x + b
+    zr = jax.nn.sigmoid(gx[:2 * n_h] + Wh[:2 * n_h] @ h)
     z, r = zr[:n_h], zr[n_h:]
-    n = jnp.tanh(px[2 * n_h:] + Wh[2 * n_h:] @ (r * h))
+    n = jnp.tanh(gx[2 * n_h:] + Wh[2 * n_h:] @ (r * h))
     return (1.0 - z) * n + z * h
-
-
-_FUSED: dict = {}  # recurrence Function -> the Function with the projection inside
-
-
-def _with_projection(recurrence):
-    """One node per step: ``(x, *state, W_x, W_h, b) -> recurrence(W_x x + b, *state, W_h)``."""
-    fused = _FUSED.get(recurrence)
-    if fused is None:
-        step = recurrence.fn
-
-        def cell(x, *rest):
-            *state, Wx, Wh, b = rest
-            return step(Wx @ x + b, *state, Wh)
-
-        cell.__qualname__ = recurrence.op.name.replace("_step", "_cell")
-        fused = _FUSED[recurrence] = function(cell)
-    return fused
-
-
-def _hoisted(Wx) -> bool:
-    """Whether a layer's input projection is a node of its own (``HOIST_MIN_ELEMENTS``)."""
-    return Wx.shape[0] * Wx.shape[1] >= HOIST_MIN_ELEMENTS
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -208,15 +169,10 @@ class _RNNBuilder:
     def _bias_init(self):
         return "zeros"
 
-    # the Function of one recurrent step: _recurrence(W_x x + b, *state, W_h) -> new state
-    _recurrence = None
+    _cell = None  # the Function of one layer step: cell(x, *state, *params) -> new state
 
     def _step(self, params, x, state):
-        Wx, Wh, b = params
-        if _hoisted(Wx):
-            out = self._recurrence(_input_projection(x, Wx, b), *state, Wh)
-        else:
-            out = _with_projection(self._recurrence)(x, *state, Wx, Wh, b)
+        out = self._cell(x, *state, *params)
         return out if isinstance(out, tuple) else (out,)
 
     def param_collection(self):
@@ -258,7 +214,7 @@ class SimpleRNNBuilder(_RNNBuilder):
     """Elman RNN: ``h' = tanh(W_x x + W_h h + b)`` per layer; one node per layer step."""
 
     _name = "simple_rnn"
-    _recurrence = _rnn_step
+    _cell = _rnn_cell
 
 
 class LSTMBuilder(_RNNBuilder):
@@ -277,7 +233,7 @@ class LSTMBuilder(_RNNBuilder):
         b[H:2 * H] = 1.0
         return b
 
-    _recurrence = _lstm_step
+    _cell = _lstm_cell
 
 
 class GRUBuilder(_RNNBuilder):
@@ -285,7 +241,7 @@ class GRUBuilder(_RNNBuilder):
 
     _name = "gru"
     _gates = 3
-    _recurrence = _gru_step
+    _cell = _gru_cell
 
 
 class BiRNNBuilder:
@@ -337,7 +293,7 @@ class BiRNNBuilder:
             return []
         halves = None  # the layer below's (forward, backward) outputs, not yet concatenated
         for layer, (fwd, bwd) in enumerate(self.builder_layers):
-            pairable = type(fwd)._step is _RNNBuilder._step and fwd._recurrence is not None
+            pairable = type(fwd)._step is _RNNBuilder._step and fwd._cell is not None
             if pairable and halves is not None and fwd.dropout_rate == bwd.dropout_rate == 0.0:
                 # the concatenation happens inside the step's kernel: no node per position
                 fs, bs = _both_directions(fwd, bwd, halves, split=True)
@@ -360,11 +316,11 @@ class BiRNNBuilder:
 
 # ---- both directions in one node per step ----------------------------------------------------
 
-_PAIRED: dict = {}  # (cell Function, split) -> the Function running two calls of it
+_PAIRED: dict = {}  # (cell Function, split) -> the Function running two steps of it
 
 
 def _paired(cell, split: bool = False):
-    """A Function running ``cell`` for each direction: its arguments ``(x, *rest)`` twice.
+    """A Function running one step of each direction: ``(x, *state, *params)`` twice.
 
     One node per position instead of two halves a BiRNN layer's nodes and kernel launches
     (measured on the BiLSTM tagger: 86 -> 46 batches per update). With ``split`` each x
@@ -390,8 +346,7 @@ def _paired(cell, split: bool = False):
 
 def _both_directions(fwd, bwd, xs, split: bool = False):
     """The states of ``fwd`` over ``xs`` and of ``bwd`` over ``xs`` reversed (aligned with
-    ``xs``), with step t of ``fwd`` and step t of ``bwd`` (position n-1-t) in one node (and,
-    when hoisted, both directions' input projections of a position in one node).
+    ``xs``), with step t of ``fwd`` and step t of ``bwd`` (position n-1-t) in one node.
 
     With ``split`` each x is a pair of halves, the outputs of a BiRNN layer below (no
     dropout: that applies to the whole x)."""
@@ -406,24 +361,14 @@ def _both_directions(fwd, bwd, xs, split: bool = False):
             return [(ops.dropout(x, rate) if rate > 0.0 else x,) for x in xs]
         xf = inputs(fwd.dropout_rate)
         xb = inputs(bwd.dropout_rate)
-    (Wxf, Whf, bf), = fwd.params
-    (Wxb, Whb, bb), = bwd.params
+    cell = _paired(fwd._cell, split)
+    (pf,), (pb,) = fwd.params, bwd.params
     sf, sb = fwd.initial_state(), bwd.initial_state()
     n, k = len(xs), fwd._n_states
-    if _hoisted(Wxf):  # both directions have the same shapes
-        project = _paired(_input_projection, split)
-        step = _paired(fwd._recurrence)
-        px = [project(*xf[t], Wxf, bf, *xb[t], Wxb, bb) for t in range(n)]
-        xf = [(p[0],) for p in px]
-        xb = [(p[1],) for p in px]
-        pf, pb = (Whf,), (Whb,)
-    else:
-        step = _paired(_with_projection(fwd._recurrence), split)
-        pf, pb = (Wxf, Whf, bf), (Wxb, Whb, bb)
     fs, bs = [None] * n, [None] * n
     for t in range(n):
         u = n - 1 - t
-        out = step(*xf[t], *sf.layers[0], *pf, *xb[u], *sb.layers[0], *pb)
+        out = cell(*xf[t], *sf.layers[0], *pf, *xb[u], *sb.layers[0], *pb)
         fs[t] = sf = RNNState(fwd, (out[:k],), sf)
         bs[u] = sb = RNNState(bwd, (out[k:],), sb)
     return fs, bs

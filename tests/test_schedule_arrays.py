@@ -163,3 +163,12 @@ def test_long_thin_graphs_stay_on_the_python_loops(monkeypatch):
     assert strategies._by_agenda_arrays(cg, 0, hi) is None
     plan = strategies.by_agenda(cg, 0, hi)
     assert plan == [[n] for n in range(hi)]
+
+
+def test_an_empty_range_has_an_empty_plan(monkeypatch):
+    """A forward with only constants pending schedules no node, on either path."""
+    monkeypatch.setattr(strategies, "ARRAYS_MIN_NODES", 0)
+    cg = dx.renew_cg()
+    dx.tanh(dx.input(np.ones(2, np.float32)))
+    n = len(cg.node_sig)
+    assert strategies.by_agenda(cg, n, n) == [] and strategies.by_depth(cg, n, n) == []

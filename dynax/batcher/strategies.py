@@ -43,7 +43,7 @@ def schedule(strategy: str, graph, lo: int, hi: int) -> list[list[int]]:
 
 
 def by_depth(graph, lo: int, hi: int) -> list[list[int]]:
-    if hi - lo >= ARRAYS_MIN_NODES:
+    if hi - lo >= max(1, ARRAYS_MIN_NODES):
         return _by_depth_arrays(graph, lo, hi)
     sigs, depths = graph.node_sig, graph.node_depth
     groups: dict = {}
@@ -58,7 +58,7 @@ def by_depth(graph, lo: int, hi: int) -> list[list[int]]:
 
 
 def by_agenda(graph, lo: int, hi: int) -> list[list[int]]:
-    if hi - lo >= ARRAYS_MIN_NODES:
+    if hi - lo >= max(1, ARRAYS_MIN_NODES):
         plan = _by_agenda_arrays(graph, lo, hi)
         if plan is not None:
             return plan

@@ -33,7 +33,7 @@ class Forest:
         self.U = pc.add_parameters((4, 4), name="U")
         self.V = pc.add_parameters((3, 4), name="V")
 
-    def loss(self, instances, dx_ops=True):
+    def loss(self, instances):
         losses = []
         for words, merges, label in instances:
             nodes = [self.leaf(w) for w in words]

@@ -277,10 +277,10 @@ class Engine:
         costs the device more than the launches it saves)."""
         sig, modes, B, gflags = run[0][:4]
         fuse = len(run) >= FUSE_MIN_RUN and B * _param_elements(sig) <= FUSE_MAX_MACS
+        step = forward_kernel(sig, modes, B, gflags)
         while run:
             T = 1 << (len(run).bit_length() - 1) if fuse else 1
             kern = forward_run_kernel(sig, modes, B, gflags, T) if T >= FUSE_MIN_RUN else None
-            step = forward_kernel(sig, modes, B, gflags)
             if kern is None:  # one launch per batch
                 for packet, nodes in (r[4:] for r in run[:T]):
                     self._call_forward(g, sig, modes, B, gflags, np.asarray(packet, np.int32),

@@ -117,6 +117,44 @@ def test_static_argument_is_part_of_signature(model):
     assert len(root_batches) == len(labels)  # one batch per distinct static label
 
 
+@pytest.mark.parametrize("int_type", [np.int32, np.int64])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_numpy_integer_is_per_instance(model, strategy, int_type):
+    """A NumPy integer label is per-instance data: one signature for all labels (one batch
+    under agenda); values and gradients as plain jax.grad."""
+    pc, ps, trees = model
+    values = {k: p.value for k, p in ps.items()}
+    ref_grads = jax.grad(ref_loss)(values, trees)
+    zero_grads(pc)
+    cg = dx.renew_cg(autobatch=strategy)
+    loss = dx.esum([root_loss_cell(encode(t, ps)[0], ps["Wo"], ps["bo"], int_type(y))
+                    for t, y in trees])
+    assert_close(loss.value(), float(ref_loss(values, trees)), what=strategy)
+    loss.backward()
+    grads = grads_of(pc)
+    for k, p in ps.items():
+        assert_close(grads[p.name], ref_grads[k], what=f"{strategy} d/d{k}")
+    root_batches = [b for b in cg.batches if b.sig.op is root_loss_cell.op]
+    assert len({y for _, y in trees}) > 1
+    assert len({b.sig for b in root_batches}) == 1  # labels 0..2, one signature
+    if strategy == "agenda":  # all roots wait for the loss: one batch
+        assert len(root_batches) == 1 and len(root_batches[0].nodes) == len(trees)
+
+
+def test_numpy_integer_checked():
+    """A negative per-instance integer is refused at construction, naming the function;
+    nothing is added to the graph."""
+    pc = dx.ParameterCollection(seed=0)
+    Wo, bo = pc.add_parameters((C, H)), pc.add_parameters((C,))
+    cg = dx.renew_cg()
+    h = dx.input(np.ones(H, np.float32))
+    root_loss_cell(h, Wo, bo, np.int64(2))  # compiles the appender for this pattern
+    n = cg.stats()["nodes"]
+    with pytest.raises(dx.IndexOutOfRangeError, match=r"root_loss_cell.*index -1"):
+        root_loss_cell(h, Wo, bo, np.int64(-1))
+    assert cg.stats()["nodes"] == n
+
+
 def test_nested_function_calls_inline():
     @dx.function
     def inner(x, W):

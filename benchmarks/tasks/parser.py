@@ -294,9 +294,10 @@ class DynaxModel:
             active = [i for i in active if not parsers[i].done()]
         if not terms:
             raise ValueError("parser loss: no decision with a wrong action in this batch")
-        # built after the last step, so the hinge terms of all steps batch together (one
-        # signature per (correct, wrong) action pair: the actions are static arguments)
-        return dx.esum([margin_cell(e, c, w) for e, c, w in terms])
+        # built after the last step, so the hinge terms of all steps batch together; the
+        # actions are NumPy ints, per-instance data, so all terms share one signature (Python
+        # ints would be static: a signature, and batch sizes to compile, per action pair)
+        return dx.esum([margin_cell(e, np.int32(c), np.int32(w)) for e, c, w in terms])
 
 
 @dx.function

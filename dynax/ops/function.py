@@ -33,6 +33,8 @@ def _fast_kinds(types) -> str | None:
             kinds.append("p")
         elif t is int or t is float or t is str:
             kinds.append("s")  # static: part of the signature
+        elif issubclass(t, np.integer):
+            kinds.append("i")  # per-instance integer data
         else:
             return None
     kinds = "".join(kinds)
@@ -47,6 +49,12 @@ class Function:
     ``Parameter``/``LookupParameter`` are shared across the batch, Python scalars, strings,
     ``None`` and tuples of those are static (part of the signature). Called with plain arrays
     (e.g. from inside another ``dx.function`` being traced) it simply runs ``fn``.
+
+    NumPy integer scalars (``np.int32(label)``, an element of an int array) are per-instance
+    integer data, as ``jax.jit`` traces them: ``fn`` receives an int32 scalar, and calls that
+    differ only in those integers share one signature and run as one kernel (a Python int
+    there would be static: one signature, so one batch, per distinct value). They must be
+    in ``[0, 2**31 - 1)``; index with them as ``x[i]`` (a dynamic index inside ``fn``).
     """
 
     def __init__(self, fn):
@@ -71,6 +79,8 @@ class Function:
             _KINDS[types] = kinds
         if not kinds:
             return self.fn(*args)  # no graph argument: a plain call
+        if "i" in kinds:  # plain ints, which the appenders check against the bound
+            args = [int(a) if k == "i" else a for k, a in zip(kinds, args)]
         return _node(self.op, kinds, args)
 
     @atomic
@@ -84,6 +94,8 @@ class Function:
                 kinds.append("p"); items.append(a); graph_mode = True
             elif isinstance(a, jax.Array):  # includes tracers
                 kinds.append("a"); items.append(a)
+            elif isinstance(a, np.integer):
+                kinds.append("i"); items.append(int(a))
             elif isinstance(a, np.ndarray):
                 kinds.append("n"); items.append(a)
             elif a is None or isinstance(a, (str, numbers.Number, tuple)):

@@ -33,7 +33,8 @@ class OpDef(NamedTuple):
     fn: Callable  # single-instance JAX function: positional args in node order -> array or tuple
     cost: int = CHEAP  # agenda tie-break: cheap ops run before heavy ones
     check: Callable | None = None  # (avals by position, statics) -> None; raises ShapeError
-    index_bounds: Callable | None = None  # (avals by position) -> upper bound per 'i' arg
+    index_bounds: Callable | None = None  # (avals by position) -> upper bound per 'i' arg;
+    # None: every 'i' arg is any non-negative int32 (a dx.function's per-instance integers)
     # The op is ``table[i]`` on a shared table: its backward scatter-adds the row cotangents
     # into the table's gradient in place instead of materialising a dense table cotangent
     # (measured: 20000x300 embedding, ~2 dense passes per lookup batch otherwise).
@@ -160,7 +161,10 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
             avals.append(item)
     if op.check is not None:
         op.check(avals, tuple(statics))
-    bounds = tuple(op.index_bounds(avals)) if op.index_bounds is not None else ()
+    if op.index_bounds is not None:
+        bounds = tuple(op.index_bounds(avals))
+    else:  # no op-specific bound (a dx.function's integers): any non-negative int32
+        bounds = (2**31 - 1,) * kinds.count("i")
 
     def abstract(*args):
         return op.fn(*args)

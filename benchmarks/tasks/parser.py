@@ -64,6 +64,7 @@ VOCAB, EMB, HID, MLP = 10000, 100, 200, 100
 SHIFT, LEFT, RIGHT = 0, 1, 2
 N_ACTIONS = 3
 N_FEATS = 4  # s0, s1, s2, b0
+ACTION_IDS = tuple(np.int32(a) for a in range(N_ACTIONS))  # per-instance ints of dx.function
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -297,7 +298,7 @@ class DynaxModel:
         # built after the last step, so the hinge terms of all steps batch together; the
         # actions are NumPy ints, per-instance data, so all terms share one signature (Python
         # ints would be static: a signature, and batch sizes to compile, per action pair)
-        return dx.esum([margin_cell(e, np.int32(c), np.int32(w)) for e, c, w in terms])
+        return dx.esum([margin_cell(e, ACTION_IDS[c], ACTION_IDS[w]) for e, c, w in terms])
 
 
 @dx.function

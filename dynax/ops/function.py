@@ -20,6 +20,7 @@ from .registry import HEAVY, OpDef
 
 _OPS: dict = {}  # fn -> its OpDef
 _KINDS: dict = {}  # tuple of argument types -> kinds string ("" when no graph argument)
+_INT_POSITIONS: dict = {}  # kinds string -> positions of its per-instance integers
 
 
 def _fast_kinds(types) -> str | None:
@@ -77,10 +78,14 @@ class Function:
             if kinds is None:
                 return self._call_general(args)
             _KINDS[types] = kinds
+            _INT_POSITIONS[kinds] = tuple(i for i, k in enumerate(kinds) if k == "i")
         if not kinds:
             return self.fn(*args)  # no graph argument: a plain call
-        if "i" in kinds:  # plain ints, which the appenders check against the bound
-            args = [int(a) if k == "i" else a for k, a in zip(kinds, args)]
+        ints = _INT_POSITIONS.get(kinds)
+        if ints:  # NumPy integers as plain ints, which the appenders check against the bound
+            args = list(args)
+            for i in ints:
+                args[i] = int(args[i])
         return _node(self.op, kinds, args)
 
     @atomic

@@ -46,15 +46,16 @@ def make_batches(n_batches: int, seed: int, batch_size: int = BATCH, vocab: int 
 # ---- dynax --------------------------------------------------------------------------------
 
 @dx.function
-def mlp_tag(f, b, W1, b1, W2, b2):
-    """Tag scores of one word from its forward and backward states (MLP with tanh)."""
-    return W2 @ jnp.tanh(W1 @ jnp.concatenate([f, b]) + b1) + b2
+def mlp_tag(f, b, W1, b1, W2, b2, tag):
+    """Cross-entropy of one word's tag under an MLP with tanh on its forward and backward
+    states; ``tag`` is a NumPy int (per-instance data: every tag in one signature)."""
+    return -jax.nn.log_softmax(W2 @ jnp.tanh(W1 @ jnp.concatenate([f, b]) + b1) + b2)[tag]
 
 
 @dx.function
-def linear_tag(f, b, W, bias):
-    """Tag scores of one word from its forward and backward states (one linear layer)."""
-    return W @ jnp.concatenate([f, b]) + bias
+def linear_tag(f, b, W, bias, tag):
+    """Cross-entropy of one word's tag under one linear layer on its two states."""
+    return -jax.nn.log_softmax(W @ jnp.concatenate([f, b]) + bias)[tag]
 
 
 class TaggerModel:
@@ -79,6 +80,7 @@ class TaggerModel:
             self.out = (pc.add_parameters((n_tags, 2 * hid), name="W_out"),
                         pc.add_parameters((n_tags,), init="zeros", name="b_out"))
             self.tag_cell = linear_tag
+        self.tag_ids = tuple(np.int32(t) for t in range(n_tags))  # NumPy ints, made once
 
     def embed(self, sentence) -> list:
         """The input vector of every word."""
@@ -88,12 +90,12 @@ class TaggerModel:
     def loss(self, batch):
         """Summed cross-entropy of every word's tag over the batch."""
         losses = []
-        cell, out = self.tag_cell, self.out
+        cell, out, tag_ids = self.tag_cell, self.out, self.tag_ids
         for s in batch:
-            # the top layer's (forward, backward) states: the MLP reads both halves directly,
-            # which saves a concatenate node per word
+            # the top layer's (forward, backward) states: the loss cell reads both halves
+            # directly, which saves a concatenate node per word; scores and loss are one node
             for (f, b), t in zip(self.bi.add_inputs(self.embed(s)), s.tags):
-                losses.append(dx.pickneglogsoftmax(cell(f.output(), b.output(), *out), t))
+                losses.append(cell(f.output(), b.output(), *out, tag_ids[t]))
         return dx.esum(losses)
 
 

@@ -49,8 +49,14 @@ def _compose(hl, cl, hr, cr, U, b):
     return jax.nn.sigmoid(o) * jnp.tanh(c), c
 
 
+def _root_loss(h, W, b, label):
+    """Cross-entropy of a tree's label from its root state."""
+    return -jax.nn.log_softmax(W @ h + b)[label]
+
+
 leaf_cell = dx.function(_leaf)
 compose_cell = dx.function(_compose)
+root_loss_cell = dx.function(_root_loss)
 
 
 def _small_normal(key, shape):
@@ -70,6 +76,7 @@ class DynaxTreeLSTM:
         self.b_comp = pc.add_parameters((5 * hid,), init="zeros", name="b_comp")
         self.W_out = pc.add_parameters((n_classes, hid), name="W_out")
         self.b_out = pc.add_parameters((n_classes,), init="zeros", name="b_out")
+        self.label_ids = tuple(np.int32(y) for y in range(n_classes))  # per-instance ints
 
     def encode(self, tree: Tree):
         """(h, c) of the root; one leaf or compose node per tree node, recursively."""
@@ -88,7 +95,7 @@ class DynaxTreeLSTM:
         losses = []
         for t in trees:
             h, _ = self.encode(t)
-            losses.append(dx.pickneglogsoftmax(self.W_out @ h + self.b_out, t.label))
+            losses.append(root_loss_cell(h, self.W_out, self.b_out, self.label_ids[t.label]))
         return dx.esum(losses)
 
     def initial_values(self) -> dict:

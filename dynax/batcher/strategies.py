@@ -33,6 +33,8 @@ _sid = attrgetter("sid")
 
 def schedule(strategy: str, graph, lo: int, hi: int) -> list[list[int]]:
     """The plan for nodes ``lo..hi-1`` of ``graph`` under ``strategy``."""
+    if strategy != "none" and hi - lo > 1 and _one_batch(strategy, graph, lo, hi):
+        return [list(range(lo, hi))]
     if strategy == "agenda":
         return by_agenda(graph, lo, hi)
     if strategy == "depth":
@@ -40,6 +42,21 @@ def schedule(strategy: str, graph, lo: int, hi: int) -> list[list[int]]:
     if strategy == "none":
         return [[n] for n in range(lo, hi)]
     raise ValueError(f"unknown autobatch strategy {strategy!r}")
+
+
+def _one_batch(strategy: str, graph, lo: int, hi: int) -> bool:
+    """Whether the strategy's plan is one batch of all pending nodes, told by C-level scans
+    instead of a schedule (~5 vs ~80 us): the common step of a model that computes step by
+    step (a parser's scores across its parsers). For the agenda: one signature and no
+    pending node reading another's output (all its inputs are older than the first pending
+    output); for depth, also one depth."""
+    sigs = graph.node_sig[lo:hi]
+    if sigs.count(sigs[0]) != hi - lo:
+        return False
+    if strategy == "depth":  # one depth also means no pending node reads another's output
+        depths = graph.node_depth[lo:hi]
+        return depths.count(depths[0]) == hi - lo
+    return max(chain.from_iterable(graph.node_vals[lo:hi]), default=-1) < graph.node_out[lo]
 
 
 def by_depth(graph, lo: int, hi: int) -> list[list[int]]:

@@ -17,10 +17,9 @@ from ..errors import ArgumentTypeError, DTypeError, InvalidArgumentError, ShapeE
 from ..graph.computation_graph import _local, current_graph
 from ..graph.appenders import append_node
 from ..graph.expression import Expression
-from .registry import CHEAP, HEAVY, OpDef, akey_of
+from .registry import CHEAP, HEAVY, INDEX_LIMIT, OpDef, akey_of
 
 FLOAT = np.dtype(np.float32)
-INDEX_LIMIT = 2**31 - 1
 
 
 # ---- argument coercion ------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import ArgumentTypeError, ShapeError
 
 CHEAP, HEAVY = 0, 1
+INDEX_LIMIT = 2**31 - 1  # int32: the bound of an 'i' argument with no op-specific one
 
 
 class OpDef(NamedTuple):
@@ -164,7 +165,7 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
     if op.index_bounds is not None:
         bounds = tuple(op.index_bounds(avals))
     else:  # no op-specific bound (a dx.function's integers): any non-negative int32
-        bounds = (2**31 - 1,) * kinds.count("i")
+        bounds = (INDEX_LIMIT,) * kinds.count("i")
 
     def abstract(*args):
         return op.fn(*args)

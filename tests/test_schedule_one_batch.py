@@ -34,7 +34,7 @@ def _pending_scores(cg, W, inputs):
 
 
 def test_one_layer_is_one_batch_as_the_strategies_plan_it():
-    pc, W, xs = _setup()
+    _, W, xs = _setup()
     cg = dx.renew_cg()
     inputs = [dx.input(x) for x in xs]
     dx.forward(inputs)
@@ -51,7 +51,7 @@ def test_one_layer_is_one_batch_as_the_strategies_plan_it():
 def test_inputs_of_several_depths():
     """Independent nodes of one signature on inputs of different depths: one batch for the
     agenda; depth keeps them apart (its plan, not the shortcut)."""
-    pc, W, xs = _setup()
+    _, W, xs = _setup()
     cg = dx.renew_cg()
     inputs = [dx.input(x) for x in xs]
     inputs[1] = dx.tanh(dx.tanh(inputs[1]))
@@ -66,7 +66,7 @@ def test_inputs_of_several_depths():
 
 
 def test_a_chain_or_two_signatures_go_to_the_strategies():
-    pc, W, xs = _setup()
+    _, W, xs = _setup()
     cg = dx.renew_cg()
     x = dx.input(xs[0])
     dx.forward([x])

@@ -5,7 +5,8 @@ units per direction, an MLP of 32 tanh units (as DyNet's benchmark tagger) and 9
 64 sentences per update, Adam; the loss is the summed cross-entropy of every tag.
 
 * ``DynaxModel``: per sentence, ``dx.nn.BiRNNBuilder`` over the word lookups and one fused
-  ``@dx.function`` MLP node per word; the autobatcher batches across words and sentences.
+  ``@dx.function`` node per word for the MLP and the tag's cross-entropy (the tag a NumPy
+  int: per-instance data); the autobatcher batches across words and sentences.
 * ``HandModel``: padded ``[B, T]`` batches (T rounded up to a multiple of 8), the input
   projection of all time steps as one matmul, ``lax.scan`` over time for the recurrence, the
   backward direction as a forward scan over each sentence reversed within its length, a masked

@@ -155,6 +155,11 @@ def _signatures(graph, lo: int, hi: int):
     return k.reshape(-1), depth, [sigs[i] for i in first.tolist()]
 
 
+def _run_bounds(keys) -> list[int]:
+    """Where the runs of equal values of a sorted array start, and its length."""
+    return [0] + (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist() + [len(keys)]
+
+
 def _by_depth_arrays(graph, lo: int, hi: int) -> list[list[int]]:
     k, depth, sigs = _signatures(graph, lo, hi)
     # rank of each signature by (cost, sid): the tie order of by_depth's (depth, cost, sid)
@@ -163,8 +168,7 @@ def _by_depth_arrays(graph, lo: int, hi: int) -> list[list[int]]:
         np.arange(len(sigs))
     key = depth * len(sigs) + rank[k]
     order = np.argsort(key, kind="stable")
-    key = key[order]
-    cuts = [0] + (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist() + [len(key)]
+    cuts = _run_bounds(key[order])
     nodes = (order + lo).tolist()
     return [nodes[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
@@ -201,7 +205,7 @@ def _by_agenda_arrays(graph, lo: int, hi: int) -> list[list[int]] | None:
         else:
             order = np.argsort(ks, kind="stable")
             ks, nodes = ks[order], nodes[order]
-            cuts = [0] + (np.flatnonzero(ks[1:] != ks[:-1]) + 1).tolist() + [len(ks)]
+            cuts = _run_bounds(ks)
             groups = [(int(ks[a]), nodes[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
         for i, part in groups:
             r = ready.get(i)

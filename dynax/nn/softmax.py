@@ -53,7 +53,8 @@ class StandardSoftmaxBuilder:
 
 
 def _affine_nll(h, W, b, label):
-    return -jax.nn.log_softmax(W @ h + b)[label]
+    """``affine_transform([b, W, h])`` then ``pickneglogsoftmax``: the two ops' own math."""
+    return ops.PNLS.fn(ops.AFFINE.fn(b, W, h), label)
 
 
 # The loss of a standard softmax as ONE op: the (vocab,) logits then live only inside its

@@ -5,6 +5,7 @@ arenas, nothing else; a graph's memory goes with it; arenas grow on demand and
 from __future__ import annotations
 
 import gc
+import types
 
 import jax
 import numpy as np
@@ -133,6 +134,21 @@ def test_arenas_grow_before_a_forward_runs_any_kernel(monkeypatch):
     loss.value()
     assert "grow" in events and "run" in events  # the arenas started small and grew
     assert "grow" not in events[events.index("run"):], events
+
+
+def test_a_grown_arena_has_headroom_for_a_slightly_larger_graph():
+    """Kernels compile per arena capacity, so an arena sized exactly for the first graph
+    would grow (and every kernel compile again) on the next, slightly larger one."""
+    from dynax.ops.registry import akey_of
+    eng = engine_module.Engine()
+    akey = akey_of((128,), np.float32)  # 512-byte rows: a new arena starts at 2,048 rows
+    eng._grow(akey, 2000)
+    cap = eng.arenas[akey].shape[0]
+    assert cap >= 2000 * engine_module.GROW_HEADROOM > 2048, cap
+    grown = eng.arenas[akey]
+    graph = types.SimpleNamespace(rows={})  # _alloc reads and updates only its rows
+    eng._alloc(graph, akey, 2400, 2400)  # 20% more rows: no growth
+    assert eng.arenas[akey] is grown
 
 
 def test_gradient_buffers_are_zero_on_the_selected_device_and_compile_once():

@@ -99,6 +99,17 @@ def _grad_flags(g, sig, nodes):
     return tuple(any(rg[node_vals[nd][k]] for nd in nodes) for k in range(len(sig.in_akeys)))
 
 
+def _params_of_one_batch(batches) -> set:
+    """The parameters that exactly one of the executed batches uses."""
+    seen, twice = set(), set()
+    for b in batches:
+        for p in b.sig.params:
+            if p in seen:
+                twice.add(p)
+            seen.add(p)
+    return seen - twice
+
+
 class Engine:
     """Per-thread executor state: the arena pool."""
 
@@ -338,6 +349,7 @@ class Engine:
             return  # a constant: no parameter contributed
         grads = {a: zeros(self.arenas[a].shape, self.arenas[a].dtype) for a in g.rows}
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
+        once = _params_of_one_batch(g.batches)
         for sig, modes, B, packet, nodes, gflags, fwd, saved in reversed(g.batches):
             if min(nodes) > loss_node:
                 continue
@@ -348,13 +360,18 @@ class Engine:
             if g.check_validity:
                 for j, a in enumerate(sig.out_akeys):
                     check_block(g, grads[a], packet[1 + j], nodes, sig, "gradient")
+            params = sig.params
+            # the first gradient of parameters that only this batch uses is returned as is
+            # (no zero buffer to add it to); limited to them, so that a recurrent cell, whose
+            # first batch in reverse order varies, does not compile a variant per batch size
+            fresh = (packet.ndim == 1 and bool(params) and not sig.op.row_gather
+                     and all(p._grad is None and p in once for p in params))
             if packet.ndim == 1:
-                kern = backward_kernel(sig, modes, gflags, B, fwd)
+                kern = backward_kernel(sig, modes, gflags, B, fwd, fresh)
             else:  # a fused run (see _launch)
                 kern = backward_run_kernel(sig, modes, gflags, B, fwd, packet.shape[0])
-            params = sig.params
             new_g, new_pg = kern.fn(tuple(grads[a] for a in kern.write_akeys),
-                                    tuple(p._grad_buffer() for p in params),
+                                    () if fresh else tuple(p._grad_buffer() for p in params),
                                     tuple(self.arenas[a] for a in kern.read_akeys),
                                     tuple(p._value for p in params), saved, packet)
             for a, arr in zip(kern.write_akeys, new_g):

@@ -53,7 +53,7 @@ def _reference(vals, seqs, labels):
     W, U, V, c = vals
     total = 0.0
     for xs, y in zip(seqs, labels):
-        h = jnp.zeros(HID)
+        h = jnp.zeros(U.shape[0])
         for x in xs:
             h = jnp.tanh(W @ x + U @ h)
         total = total + -jax.nn.log_softmax(V @ h + c)[y]

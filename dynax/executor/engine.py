@@ -361,14 +361,16 @@ class Engine:
                 for j, a in enumerate(sig.out_akeys):
                     check_block(g, grads[a], packet[1 + j], nodes, sig, "gradient")
             params = sig.params
-            # the first gradient of parameters that only this batch uses is returned as is
-            # (no zero buffer to add it to); limited to them, so that a recurrent cell, whose
-            # first batch in reverse order varies, does not compile a variant per batch size
-            fresh = (packet.ndim == 1 and bool(params) and not sig.op.row_gather
-                     and all(p._grad is None and p in once for p in params))
             if packet.ndim == 1:
+                # the first gradient of parameters that only this batch uses is returned as
+                # is (no zero buffer to add it to); limited to them, so that a recurrent
+                # cell, whose first batch in reverse order varies, compiles no variant per
+                # batch size
+                fresh = (bool(params) and not sig.op.row_gather
+                         and all(p._grad is None and p in once for p in params))
                 kern = backward_kernel(sig, modes, gflags, B, fwd, fresh)
             else:  # a fused run (see _launch)
+                fresh = False
                 kern = backward_run_kernel(sig, modes, gflags, B, fwd, packet.shape[0])
             new_g, new_pg = kern.fn(tuple(grads[a] for a in kern.write_akeys),
                                     () if fresh else tuple(p._grad_buffer() for p in params),

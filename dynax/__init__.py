@@ -34,7 +34,8 @@ def forward(exprs) -> None:
 
 
 def release_memory() -> None:
-    """Drop this thread's pooled arenas; they are re-created on demand."""
+    """Drop this thread's pooled arenas (values and gradients); they are re-created on
+    demand."""
     from .graph.computation_graph import _engine
     _engine().release_memory()
 

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 
 import dynax as dx
+from dynax.device import zeros
 from dynax.executor import engine as engine_module
 from dynax.graph.computation_graph import _engine
 
@@ -162,3 +163,32 @@ def test_gradient_buffers_are_zero_on_the_selected_device_and_compile_once():
     b = zeros((3, 5), np.float32)
     assert _compile_count() == before  # the fill is cached per (device, shape, dtype)
     assert b is not a  # a new buffer each call: gradient buffers are donated and updated
+
+
+def test_gradient_arenas_are_reused_with_the_written_rows_cleared(monkeypatch):
+    """A backward pass reuses the last one's gradient arenas, the rows it wrote set to zero
+    again: gradients equal those computed with new arenas, and no new arena is made."""
+    dx.release_memory()
+    model = Tagger()
+    first, second = _batches(3, 2)
+    first = first * 3  # more rows than the second graph: all must be cleared
+
+    def grads(batch):
+        for p in model.pc.parameters():
+            p.zero_grad()
+        dx.renew_cg(autobatch="agenda")
+        model.loss(batch).backward()
+        return {p.name: np.asarray(p.grad) for p in model.pc.parameters()}
+
+    dx.release_memory()
+    expected = grads(second)  # new gradient arenas
+    grads(first)  # leaves its written arenas behind
+    made = []
+    monkeypatch.setattr(engine_module, "zeros", lambda *a: made.append(a) or zeros(*a))
+    got = grads(second)
+    assert made == []  # every gradient arena was reused
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    dx.release_memory()
+    assert _engine().spare_grads == {}

@@ -1,8 +1,8 @@
 """The executor: runs a graph's plan forward and backward over device arenas.
 
 Values live in *arenas*, one device buffer per (shape, dtype) key, rows addressed by integer
-ids; the arenas are pooled per thread and reused by every graph (N3LDG's memory pool), so a
-training loop allocates nothing once warm. Rows are handed out when a batch runs, in plan
+ids; the arenas, and the gradient arenas of the backward pass, are pooled per thread and
+reused by every graph (N3LDG's memory pool), so a training loop allocates no arena once warm. Rows are handed out when a batch runs, in plan
 order, so a batch's outputs are one contiguous block written in place (inputs are gathered;
 see ``_modes`` for why there is no slice fast path).
 """
@@ -20,8 +20,8 @@ from ..device import get_device, zeros
 from ..ops.registry import AKEY_AVAL, CHEAP
 from .buckets import bucket
 from .validity import check_block, check_forward, check_param_grads
-from .kernels import GATHER, UNIFORM, backward_kernel, backward_run_kernel, forward_kernel, \
-    forward_run_kernel, load_block, seed_gradient
+from .kernels import GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows, \
+    forward_kernel, forward_run_kernel, load_block, seed_gradient
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
 ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)
@@ -115,6 +115,8 @@ class Engine:
 
     def __init__(self):
         self.arenas: dict = {}  # akey -> jax.Array of shape (capacity, *shape)
+        self.spare_grads: dict = {}  # akey -> (gradient arena, rows written): the last
+        # backward pass's gradient arenas, cleared and reused by the next one
         self.plans = PlanCache()  # plans of recurring graph shapes
 
     # ---- arenas -------------------------------------------------------------------------------
@@ -150,6 +152,7 @@ class Engine:
     def release_memory(self):
         """Drop every pooled arena (they are re-created on demand)."""
         self.arenas.clear()
+        self.spare_grads.clear()
         self.plans.clear()
 
     # ---- forward ---------------------------------------------------------------------------------
@@ -347,7 +350,7 @@ class Engine:
         loss_node = g.val_node[v]
         if loss_node < 0:
             return  # a constant: no parameter contributed
-        grads = {a: zeros(self.arenas[a].shape, self.arenas[a].dtype) for a in g.rows}
+        grads = self._gradient_arenas(g)
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
         once = _params_of_one_batch(g.batches)
         for sig, modes, B, packet, nodes, gflags, fwd, saved in reversed(g.batches):
@@ -382,3 +385,26 @@ class Engine:
                 p._accumulate(arr, sig, g, nodes)
             if g.check_validity:
                 check_param_grads(g, sig, nodes)
+        for a, arr in grads.items():
+            self.spare_grads[a] = (arr, g.rows[a])
+
+    def _gradient_arenas(self, g):
+        """Zeroed gradient arenas, one per value arena ``g`` uses.
+
+        The last backward pass's arenas are reused, only the rows it wrote set to zero (they
+        are a prefix: a graph's rows are handed out from 0). A new one would cost a fresh
+        allocation and a fill of its full capacity, which XLA:CPU runs on the calling thread
+        (the synthetic BiLSTM's 64 MB arena: 22-30 ms, against 1.3-3.7 ms to clear a reused
+        one in place; its updates, alternated in one process: 781 -> 740 ms median).
+        """
+        grads = {}
+        for a in g.rows:
+            arena = self.arenas[a]
+            spare, written = self.spare_grads.pop(a, (None, 0))
+            if spare is None or spare.shape != arena.shape:
+                grads[a] = zeros(arena.shape, arena.dtype)
+            elif written:  # rows cleared: a power of two, so that few sizes compile
+                grads[a] = clear_rows(spare, min(arena.shape[0], _pow2(written)))
+            else:
+                grads[a] = spare
+        return grads

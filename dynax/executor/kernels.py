@@ -348,3 +348,12 @@ def _seed(garena, row):
 
 
 seed_gradient = jax.jit(_seed, donate_argnums=(0,))
+
+
+def _clear(garena, rows: int):
+    return lax.dynamic_update_slice_in_dim(
+        garena, jnp.zeros((rows,) + garena.shape[1:], garena.dtype), 0, 0)
+
+
+# a reused gradient arena's first ``rows`` rows set to zero, in place
+clear_rows = jax.jit(_clear, static_argnums=(1,), donate_argnums=(0,))

@@ -115,8 +115,8 @@ class Engine:
 
     def __init__(self):
         self.arenas: dict = {}  # akey -> jax.Array of shape (capacity, *shape)
-        self.spare_grads: dict = {}  # akey -> (gradient arena, rows written): the last
-        # backward pass's gradient arenas, cleared and reused by the next one
+        self.spare_grads: dict = {}  # akey -> the last backward pass's gradient arena,
+        # cleared for the next one
         self.plans = PlanCache()  # plans of recurring graph shapes
 
     # ---- arenas -------------------------------------------------------------------------------
@@ -385,26 +385,23 @@ class Engine:
                 p._accumulate(arr, sig, g, nodes)
             if g.check_validity:
                 check_param_grads(g, sig, nodes)
-        for a, arr in grads.items():
-            self.spare_grads[a] = (arr, g.rows[a])
+        for a, arr in grads.items():  # cleared now, so that the same step next compiles nothing
+            self.spare_grads[a] = clear_rows(arr, min(arr.shape[0], _pow2(g.rows[a])))
 
     def _gradient_arenas(self, g):
-        """Zeroed gradient arenas, one per value arena ``g`` uses.
+        """Zero gradient arenas, one per value arena ``g`` uses.
 
-        The last backward pass's arenas are reused, only the rows it wrote set to zero (they
-        are a prefix: a graph's rows are handed out from 0). A new one would cost a fresh
-        allocation and a fill of its full capacity, which XLA:CPU runs on the calling thread
-        (the synthetic BiLSTM's 64 MB arena: 22-30 ms, against 1.3-3.7 ms to clear a reused
-        one in place; its updates, alternated in one process: 781 -> 740 ms median).
+        Each backward pass leaves its arenas for the next, after setting the rows it wrote
+        to zero (a prefix: a graph's rows are handed out from 0). A new arena would cost a
+        fresh allocation and a fill of its full capacity, which XLA:CPU runs on the calling
+        thread (the synthetic BiLSTM's 64 MB arena: 22-30 ms, against 1.3-3.7 ms to clear a
+        used one in place; its updates, alternated in one process: 781 -> 740 ms median).
         """
         grads = {}
         for a in g.rows:
             arena = self.arenas[a]
-            spare, written = self.spare_grads.pop(a, (None, 0))
+            spare = self.spare_grads.pop(a, None)
             if spare is None or spare.shape != arena.shape:
-                grads[a] = zeros(arena.shape, arena.dtype)
-            elif written:  # rows cleared: a power of two, so that few sizes compile
-                grads[a] = clear_rows(spare, min(arena.shape[0], _pow2(written)))
-            else:
-                grads[a] = spare
+                spare = zeros(arena.shape, arena.dtype)
+            grads[a] = spare
         return grads

@@ -355,5 +355,5 @@ def _clear(garena, rows: int):
         garena, jnp.zeros((rows,) + garena.shape[1:], garena.dtype), 0, 0)
 
 
-# a reused gradient arena's first ``rows`` rows set to zero, in place
+# a used gradient arena's first ``rows`` rows set to zero, in place, for the next backward
 clear_rows = jax.jit(_clear, static_argnums=(1,), donate_argnums=(0,))

@@ -26,6 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InvalidArgumentError, ShapeError
+from ..graph.appenders import append_node
+from ..graph.computation_graph import current_graph
 from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.function import function
@@ -366,9 +368,13 @@ def _both_directions(fwd, bwd, xs, split: bool = False):
     sf, sb = fwd.initial_state(), bwd.initial_state()
     n, k = len(xs), fwd._n_states
     fs, bs = [None] * n, [None] * n
+    # every argument's kind is known (Expressions, then Parameters), so the nodes go straight
+    # to the graph's appender: calling ``cell`` would find the kinds again for every step
+    g, op = current_graph(), cell.op
+    kinds = ("v" * (len(xf[0]) + k) + "p" * len(pf)) * 2
     for t in range(n):
         u = n - 1 - t
-        out = cell(*xf[t], *sf.layers[0], *pf, *xb[u], *sb.layers[0], *pb)
+        out = append_node(g, op, kinds, (*xf[t], *sf.layers[0], *pf, *xb[u], *sb.layers[0], *pb))
         fs[t] = sf = RNNState(fwd, (out[:k],), sf)
         bs[u] = sb = RNNState(bwd, (out[k:],), sb)
     return fs, bs

@@ -2,9 +2,10 @@
 
 Values live in *arenas*, one device buffer per (shape, dtype) key, rows addressed by integer
 ids; the arenas, and the gradient arenas of the backward pass, are pooled per thread and
-reused by every graph (N3LDG's memory pool), so a training loop allocates no arena once warm. Rows are handed out when a batch runs, in plan
-order, so a batch's outputs are one contiguous block written in place (inputs are gathered;
-see ``_modes`` for why there is no slice fast path).
+reused by every graph (N3LDG's memory pool), so a training loop allocates no arena once
+warm. Rows are handed out when a batch runs, in plan order, so a batch's outputs are one
+contiguous block written in place (inputs are gathered; see ``_modes`` for why there is no
+slice fast path).
 """
 from __future__ import annotations
 

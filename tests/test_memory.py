@@ -168,7 +168,6 @@ def test_gradient_buffers_are_zero_on_the_selected_device_and_compile_once():
 def test_gradient_arenas_are_reused_with_the_written_rows_cleared(monkeypatch):
     """A backward pass reuses the last one's gradient arenas, the rows it wrote set to zero
     again: gradients equal those computed with new arenas, and no new arena is made."""
-    dx.release_memory()
     model = Tagger()
     first, second = _batches(3, 2)
     first = first * 3  # more rows than the second graph: all must be cleared

@@ -9,8 +9,9 @@ A task module (``benchmarks/tasks/<name>.py``) provides::
     HandModel(init) or None          # hand-batched JAX: .signatures, .update(batch) -> (loss, pack s)
                                      # .signature(batch) or None: lets the warm-up precompile
 
-``run_dynax`` times one autobatching strategy, ``run_hand`` the baseline; both return a dict
-of figures (``summarise``). The time split per update is the one of Figure 2 of DyNet's
+``DynaxSystem`` runs one autobatching strategy, ``HandSystem`` the baseline; ``run_systems``
+times several side by side, their timed updates interleaved, and returns a dict of figures
+per system (``summarise``). The time split per update is the one of Figure 2 of DyNet's
 autobatching paper (Neubig et al., 2017): graph ``build``, ``schedule`` (batching),
 ``forward``, ``backward`` (host time of dispatching the kernels), ``wait`` (blocked on the
 device) and ``update`` (dispatching the optimizer step); they add up to the wall time.
@@ -18,9 +19,9 @@ device) and ``update`` (dispatching the optimizer step); they add up to the wall
 Both systems run the loop a user writes, with JAX's asynchronous dispatch: each update reads
 its loss, and nothing else waits for the device. The baseline's loss comes out of its fused
 jitted step, so reading it waits for the whole step; dynax's is read after the forward pass,
-so its backward pass and optimizer step run on the device while the next graph is built. The
-timed pass starts with the device idle and ends when it has finished; ``wait`` is where the
-host blocked.
+so its backward pass and optimizer step run on the device while the next graph is built. Each
+block of timed updates starts with the device idle and ends when it has finished; ``wait`` is
+where the host blocked.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ QUICK_COUNTS = {"none": (1, 1), "depth": (3, 4), "agenda": (3, 4), "hand": (2, 4
 
 
 MAX_PRECOMPILE_PASSES = 3
+ROUNDS = 4  # blocks each system's timed updates are cut into, the systems taking turns
 
 # ---- compile counting (for the hand-batched baseline; dynax reports its own) ---------------
 
@@ -112,39 +114,47 @@ def settled_heap():
         gc.unfreeze()
 
 
-def run_dynax(task, strategy: str, warm: list, timed: list, batch_size: int, *,
-              sparse_updates: bool = True, tx=None, name: str | None = None) -> dict:
-    """Warm-up then timed updates of ``task.DynaxModel`` under one autobatching strategy.
+class DynaxSystem:
+    """dynax training ``task.DynaxModel(seed=0)`` under one autobatching strategy.
 
     ``tx`` is the Optax transform (default ``optax.adam(task.LR)``); ``sparse_updates`` is
     passed to ``dx.Trainer`` (lookup tables updated on the used rows only).
     """
-    jax.clear_caches()  # fresh compilation, so the warm-up rate is a true "fresh" rate
-    dx.release_memory()
-    model = task.DynaxModel(seed=0)
-    trainer = dx.Trainer(model.pc, tx if tx is not None else optax.adam(task.LR),
-                         sparse_updates=sparse_updates)
-    # Steady state means "shapes compiled": after the warm-up, untimed passes over the timed
-    # batches compile their shapes (the hand-batched baseline's warm-up precompiles its jit
-    # signatures of the timed batches in the same way), repeated until one compiles nothing
-    # (at most MAX_PRECOMPILE_PASSES): when an arena grows during a pass, kernels compiled
-    # earlier in that pass for its old capacity compile again on their next use. Then the
-    # timed pass.
-    # A natural training loop: each update reads its loss, nothing else waits, so the
-    # backward pass and the optimizer step run on the device while the next graph is built.
-    # The device is idle when the timed pass starts, and its end waits for the device.
-    def update(batch, last=False):
+
+    def __init__(self, task, strategy: str, *, sparse_updates: bool = True, tx=None,
+                 name: str | None = None):
+        self.task, self.strategy, self.sparse_updates = task, strategy, sparse_updates
+        self.tx = tx if tx is not None else optax.adam(task.LR)
+        self.name = name or f"dynax/{strategy}"
+        self.model = self.trainer = None
+
+    def start(self):
+        """A fresh start: compiled kernels and pooled arenas dropped, a new model."""
+        jax.clear_caches()
+        dx.release_memory()
+        self.model = self.task.DynaxModel(seed=0)
+        self.trainer = dx.Trainer(self.model.pc, self.tx, sparse_updates=self.sparse_updates)
+
+    def untimed_batches(self, timed: list) -> list:
+        """What an untimed pass runs to compile the timed batches' shapes: all of them (a
+        graph's kernels depend on all its shapes and on the arenas' capacities)."""
+        return list(timed)
+
+    def update(self, batch, last: bool = False) -> dict:
+        """One update of the loop a user writes: each update reads its loss and nothing
+        else waits, so the backward pass and the optimizer step run on the device while the
+        next graph is built. ``last``: also wait for the device at the end."""
         c0 = time.process_time()
         t0 = time.perf_counter()
-        cg = dx.renew_cg(autobatch=strategy)
-        loss = model.loss(batch)
+        cg = dx.renew_cg(autobatch=self.strategy)
+        loss = self.model.loss(batch)
         lv = loss.value()
         loss.backward()
         t1 = time.perf_counter()
-        trainer.update()
+        self.trainer.update()
         t2 = time.perf_counter()
         if last:
-            _block_values(model.pc)
+            self.settle()
         t3 = time.perf_counter()
         cpu = time.process_time() - c0
         st = cg.stats()
@@ -155,61 +165,109 @@ def run_dynax(task, strategy: str, warm: list, timed: list, batch_size: int, *,
                 "batches": st["batches"], "launches": st["launches"],
                 "compiles": st["compiles"]}
 
-    rows = [update(batch) for batch in warm]
-    precompile = []  # compilations per untimed pass
-    while len(precompile) < MAX_PRECOMPILE_PASSES and (not precompile or precompile[-1]):
-        precompile.append(sum(update(batch)["compiles"] for batch in timed))
-    _block_values(model.pc)
-    with settled_heap():
-        rows += [update(batch, last=i == len(timed) - 1) for i, batch in enumerate(timed)]
-    out = summarise(name or f"dynax/{strategy}", rows, len(warm), batch_size)
-    out["precompile_pass_compiles"] = sum(precompile)
-    out["precompile_passes"] = len(precompile)
-    return out
+    def settle(self):
+        """Wait until the device has finished this system's work."""
+        _block_values(self.model.pc)
+
+    def extra(self) -> dict:
+        return {}
 
 
-def run_hand(task, warm: list, timed: list, batch_size: int) -> dict:
-    """The hand-batched baseline, from the same initial parameters as ``DynaxModel(seed=0)``.
+class HandSystem:
+    """The hand-batched baseline ``task.HandModel``, from the parameters of
+    ``DynaxModel(seed=0)``. ``build`` is its host-side packing, ``forward`` dispatching the
+    jitted step (forward, backward and Adam fused) and ``wait`` the step itself (reading its
+    loss waits for it)."""
 
-    Its warm-up also compiles the timed batches' jit signatures not met in the warm-up
-    batches: what a user precompiling the buckets of a fixed dataset would do (dynax gets the
-    same: untimed passes over the timed batches, see ``run_dynax``). With
-    ``HandModel.signature`` that is one extra update per new signature; without it, one extra
-    pass over the timed batches. ``build`` is the host-side packing, ``forward`` dispatching
-    the jitted step (forward, backward and Adam fused) and ``wait`` the step itself (reading
-    its loss).
-    """
-    init = initial_values(task)
-    jax.clear_caches()
-    model = task.HandModel(init)
-    if getattr(model, "signature", None) is not None:
-        seen = {model.signature(b) for b in warm}
-        extra = []
+    name = "hand-batched JAX"
+
+    def __init__(self, task):
+        self.task, self.model = task, None
+
+    def start(self):
+        init = initial_values(self.task)
+        jax.clear_caches()
+        self.model = self.task.HandModel(init)
+
+    def untimed_batches(self, timed: list) -> list:
+        """One timed batch per jit signature (with ``HandModel.signature``; else all): what a
+        user precompiling the buckets of a fixed dataset would do."""
+        signature = getattr(self.model, "signature", None)
+        if signature is None:
+            return list(timed)
+        first: dict = {}
         for b in timed:
-            s = model.signature(b)
-            if s not in seen:
-                seen.add(s)
-                extra.append(b)
-    else:
-        extra = list(timed)
-    rows = []
-    with contextlib.ExitStack() as heap:  # settled for the timed updates
-        for i, batch in enumerate(warm + extra + timed):
-            if i == len(warm) + len(extra):
-                heap.enter_context(settled_heap())
-            n0, c0 = _compiles[0], time.process_time()
-            t0 = time.perf_counter()
-            loss, pack_s = model.update(batch)
-            t1 = time.perf_counter()
-            lv = float(loss)  # waits for the step
-            t2 = time.perf_counter()
-            rows.append({"total": t2 - t0, "cpu": time.process_time() - c0, "build": pack_s,
-                         "schedule": 0.0, "forward": t1 - t0 - pack_s, "backward": 0.0,
-                         "wait": t2 - t1, "update": 0.0, "loss": lv, "nodes": 0, "batches": 0,
-                         "launches": 0,
-                         "compiles": _compiles[0] - n0})
-    out = summarise("hand-batched JAX", rows, len(warm) + len(extra), batch_size)
-    out["signatures"] = len(model.signatures)
+            first.setdefault(signature(b), b)
+        return list(first.values())
+
+    def update(self, batch, last: bool = False) -> dict:
+        n0, c0 = _compiles[0], time.process_time()
+        t0 = time.perf_counter()
+        loss, pack_s = self.model.update(batch)
+        t1 = time.perf_counter()
+        lv = float(loss)  # waits for the step
+        t2 = time.perf_counter()
+        return {"total": t2 - t0, "cpu": time.process_time() - c0, "build": pack_s,
+                "schedule": 0.0, "forward": t1 - t0 - pack_s, "backward": 0.0,
+                "wait": t2 - t1, "update": 0.0, "loss": lv, "nodes": 0, "batches": 0,
+                "launches": 0, "compiles": _compiles[0] - n0}
+
+    def settle(self):
+        pass  # each update's loss read waited for its step
+
+    def extra(self) -> dict:
+        return {"signatures": len(self.model.signatures)}
+
+
+def run_systems(systems: dict, batches: dict, batch_size: int, rounds: int = ROUNDS,
+                log=print) -> dict:
+    """Time ``systems`` (``{key: system}``) side by side on ``batches`` (``{key: (warm,
+    timed)}``); returns ``{key: summary}``.
+
+    1. Each system in turn starts fresh and runs its warm-up updates: its "fresh" rate,
+       compilation included.
+    2. Steady state means "shapes compiled": untimed passes over every system's timed batches
+       (``untimed_batches``), repeated until one compiles nothing (at most
+       MAX_PRECOMPILE_PASSES). They are needed after step 1, as each fresh start cleared the
+       compilations of the systems before it, and when an arena grows during a pass, dynax
+       kernels compiled earlier for its old capacity compile again on their next use.
+    3. The timed updates, interleaved: each system's are cut into ``rounds`` blocks and the
+       systems take turns, block by block, in an order reversed every round (A B, B A, ...),
+       so the machine's drift over the run (15-40% per hour on a shared VM) falls on every
+       system alike. A block starts with the device idle and ends when it has finished.
+    """
+    warm_rows, untimed = {}, {k: 0 for k in systems}
+    for k, s in systems.items():
+        s.start()
+        warm_rows[k] = [s.update(b) for b in batches[k][0]]
+        s.settle()
+        fresh = batch_size * len(warm_rows[k]) / max(1e-9, sum(r["total"] for r in warm_rows[k]))
+        log(f"   [{s.name}] warm-up: {len(warm_rows[k])} updates, {fresh:.1f}/s fresh",
+            flush=True)
+    passes = []
+    while len(passes) < MAX_PRECOMPILE_PASSES and (not passes or passes[-1]):
+        n = 0
+        for k, s in systems.items():
+            c = sum(s.update(b)["compiles"] for b in s.untimed_batches(batches[k][1]))
+            s.settle()
+            untimed[k] += c
+            n += c
+        passes.append(n)
+        log(f"   untimed pass {len(passes)}: {n} compilations", flush=True)
+    timed_rows = {k: [] for k in systems}
+    order = list(systems)
+    with settled_heap():
+        for r in range(rounds):
+            for k in (order if r % 2 == 0 else order[::-1]):
+                timed = batches[k][1]
+                lo, hi = len(timed) * r // rounds, len(timed) * (r + 1) // rounds
+                timed_rows[k] += [systems[k].update(timed[i], last=i == hi - 1)
+                                  for i in range(lo, hi)]
+    out = {}
+    for k, s in systems.items():
+        out[k] = summarise(s.name, warm_rows[k] + timed_rows[k], len(warm_rows[k]), batch_size)
+        out[k].update(precompile_pass_compiles=untimed[k], precompile_passes=len(passes),
+                      **s.extra())
     return out
 
 
@@ -372,24 +430,23 @@ def run_task(task, strategies=SYSTEMS, quick: bool = False, batch_size: int | No
     returns ``{strategy: result}`` with ratios added.
 
     All systems start from the same parameters (seed 0) on the same warm-up batches, so
-    their first losses agree, and time the same batches.
+    their first losses agree, and time the same batches, interleaved (``run_systems``).
     """
     bs = batch_size or task.BATCH
     counts = QUICK_COUNTS if quick else COUNTS
     n_timed = max(t for w, t in counts.values())
     batches = task.make_batches(n_timed + max(w for w, t in counts.values()), seed, bs)
-    results = {}
+    systems, runs = {}, {}
     for s in strategies:
+        if s == "hand" and getattr(task, "HandModel", None) is None:
+            print(f"[skip] {task.NAME}: no hand-batched baseline", flush=True)
+            continue
         w, t = counts[s]
-        warm, timed = batches[n_timed:n_timed + w], batches[:t]
-        if s == "hand":
-            if getattr(task, "HandModel", None) is None:
-                print(f"[skip] {task.NAME}: no hand-batched baseline", flush=True)
-                continue
-            results[s] = run_hand(task, warm, timed, bs)
-        else:
-            results[s] = run_dynax(task, s, warm, timed, bs)
-        results[s]["task"], results[s]["unit"] = task.NAME, task.UNIT
-        print_result(results[s], task.UNIT)
+        systems[s] = HandSystem(task) if s == "hand" else DynaxSystem(task, s)
+        runs[s] = (batches[n_timed:n_timed + w], batches[:t])
+    results = run_systems(systems, runs, bs)
+    for s, r in results.items():
+        r["task"], r["unit"] = task.NAME, task.UNIT
+        print_result(r, task.UNIT)
     add_ratios(results)
     return results

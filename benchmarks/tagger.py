@@ -2,10 +2,10 @@
 
 The tagger task of ``benchmarks.tasks.tagger`` (vocabulary 20000, embedding 128: the table
 is most of the parameters, and one update touches about 1,000 of its rows). Per optimizer
-(``optax.adam(1e-3)``, ``optax.sgd(0.01)``) and update mode (``dx.Trainer(...,
+(``optax.adam(1e-3)``, ``optax.sgd(1e-3)``) and update mode (``dx.Trainer(...,
 sparse_updates=True | False)``: the used rows only, or the whole table), each strategy is
-timed as in ``benchmarks.run``; one table shows sentences/s, the agenda/none ratio and the
-sparse/dense ratio side by side. Sparse SGD is exact; sparse Adam is the "lazy" variant.
+timed as in ``benchmarks.run``, all of them interleaved in one run; one table shows
+sentences/s, the agenda/none ratio and the sparse/dense ratio side by side. Sparse SGD is exact; sparse Adam is the "lazy" variant.
 
 Run from the repository root::
 
@@ -22,7 +22,7 @@ import optax
 from . import harness
 from .tasks import tagger as task
 
-OPTIMIZERS = {"adam": lambda: optax.adam(task.LR), "sgd": lambda: optax.sgd(0.01)}
+OPTIMIZERS = {"adam": lambda: optax.adam(task.LR), "sgd": lambda: optax.sgd(1e-3)}
 MODES = {"sparse": True, "dense": False}
 
 
@@ -44,18 +44,19 @@ def main(argv=None) -> dict:
           f"sparse vs dense lookup updates; jax {jax.__version__} on "
           f"{jax.devices()[0].platform}", flush=True)
 
-    results = {}  # (optimizer, mode, strategy) -> result
+    systems, runs = {}, {}  # keyed by (optimizer, mode, strategy)
     for opt, make_tx in OPTIMIZERS.items():
         for mode, sparse in MODES.items():
             for s in strategies:
                 w, t = counts[s]
-                r = harness.run_dynax(task, s, batches[n_timed:n_timed + w], batches[:t],
-                                      task.BATCH, sparse_updates=sparse, tx=make_tx(),
-                                      name=f"{opt}/{mode}/{s}")
-                r.update(task=task.NAME, unit=task.UNIT, optimizer=opt, lookup_updates=mode,
-                         strategy=s)
-                results[opt, mode, s] = r
-                harness.print_result(r, task.UNIT)
+                systems[opt, mode, s] = harness.DynaxSystem(
+                    task, s, sparse_updates=sparse, tx=make_tx(), name=f"{opt}/{mode}/{s}")
+                runs[opt, mode, s] = (batches[n_timed:n_timed + w], batches[:t])
+    results = harness.run_systems(systems, runs, task.BATCH)  # timed side by side
+    for (opt, mode, s), r in results.items():
+        r.update(task=task.NAME, unit=task.UNIT, optimizer=opt, lookup_updates=mode,
+                 strategy=s)
+        harness.print_result(r, task.UNIT)
 
     print("\nsentences/s in steady state (mean over the timed updates); update = ms of "
           "trainer.update() per step")

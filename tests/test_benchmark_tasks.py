@@ -85,3 +85,52 @@ def test_harness_tables(tmp_path, capsys):
     assert "dynax/agenda" in capsys.readouterr().out
     harness.write_csv(list(res.values()), str(tmp_path / "t.csv"))
     assert (tmp_path / "t.csv").read_text().count("\n") == 4
+
+
+class _FakeSystem:
+    """Records what the harness asks of it; compiles on its first ``compiling`` updates."""
+
+    def __init__(self, name, log, compiling):
+        self.name, self.log, self.compiling = name, log, compiling
+
+    def start(self):
+        self.log.append((self.name, "start"))
+
+    def untimed_batches(self, timed):
+        return timed[:1]
+
+    def update(self, batch, last=False):
+        self.log.append((self.name, batch, last))
+        c = 1 if self.compiling > 0 else 0
+        self.compiling -= 1
+        return {"total": 0.5, "cpu": 0.5, "build": 0.0, "schedule": 0.0, "forward": 0.0,
+                "backward": 0.0, "wait": 0.0, "update": 0.0, "loss": 1.0, "nodes": 1,
+                "batches": 1, "launches": 1, "compiles": c}
+
+    def settle(self):
+        self.log.append((self.name, "settle"))
+
+    def extra(self):
+        return {}
+
+
+def test_run_systems_interleaves_timed_blocks_in_alternating_order():
+    """Warm-ups first (fresh starts), untimed passes until one compiles nothing, then each
+    system's timed updates in blocks, the order of systems reversed every round, each block
+    ending with ``last=True``."""
+    log = []
+    systems = {"a": _FakeSystem("a", log, compiling=3), "b": _FakeSystem("b", log, compiling=2)}
+    batches = {"a": (["aw"], [f"a{i}" for i in range(4)]), "b": (["bw"], ["b0", "b1", "b2"])}
+    res = harness.run_systems(systems, batches, 2, rounds=2, log=lambda *a, **k: None)
+    updates = [e for e in log if len(e) == 3]
+    assert log[:3] == [("a", "start"), ("a", "aw", False), ("a", "settle")]
+    # warm-up compiled 1 each; untimed pass 1: a 1 (and b 1), pass 2: a 1, pass 3: none
+    untimed = [e[1] for e in updates[2:8]]
+    assert untimed == ["a0", "b0"] * 3
+    timed = [(e[1], e[2]) for e in updates[8:]]
+    assert timed == [("a0", False), ("a1", True), ("b0", True),  # round 0: a, b
+                     ("b1", False), ("b2", True), ("a2", False), ("a3", True)]  # round 1: b, a
+    assert res["a"]["precompile_passes"] == 3 and res["a"]["precompile_pass_compiles"] == 2
+    assert res["b"]["precompile_pass_compiles"] == 1
+    assert res["a"]["timed_updates"] == 4 and res["b"]["timed_updates"] == 3
+    assert res["a"]["items_per_s"] == pytest.approx(4.0)

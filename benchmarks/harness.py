@@ -7,7 +7,7 @@ A task module (``benchmarks/tasks/<name>.py``) provides::
     make_batches(n_batches, seed, batch_size=BATCH) -> list   # deterministic data
     DynaxModel(seed)                 # .pc, .loss(batch) -> summed loss in the current graph
     HandModel(init) or None          # hand-batched JAX: .signatures, .update(batch) -> (loss, pack s)
-                                     # .signature(batch) or None: lets the warm-up precompile
+                                     # .signature(batch) or None: precompile one batch per signature
 
 ``DynaxSystem`` runs one autobatching strategy, ``HandSystem`` the baseline; ``run_systems``
 times several side by side, their timed updates interleaved, and returns a dict of figures
@@ -170,6 +170,7 @@ class DynaxSystem:
         _block_values(self.model.pc)
 
     def extra(self) -> dict:
+        """Figures of this system beyond ``summarise``'s."""
         return {}
 
 
@@ -216,6 +217,7 @@ class HandSystem:
         pass  # each update's loss read waited for its step
 
     def extra(self) -> dict:
+        """Figures of this system beyond ``summarise``'s: its jit signatures."""
         return {"signatures": len(self.model.signatures)}
 
 

@@ -5,7 +5,8 @@ is most of the parameters, and one update touches about 1,000 of its rows). Per 
 (``optax.adam(1e-3)``, ``optax.sgd(1e-3)``) and update mode (``dx.Trainer(...,
 sparse_updates=True | False)``: the used rows only, or the whole table), each strategy is
 timed as in ``benchmarks.run``, all of them interleaved in one run; one table shows
-sentences/s, the agenda/none ratio and the sparse/dense ratio side by side. Sparse SGD is exact; sparse Adam is the "lazy" variant.
+sentences/s, the agenda/none ratio and the sparse/dense ratio side by side. Sparse SGD is
+exact; sparse Adam is the "lazy" variant.
 
 Run from the repository root::
 

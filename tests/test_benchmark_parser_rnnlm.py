@@ -129,3 +129,21 @@ def test_rnnlm_signature_is_the_compiled_one():
     assert hand.pack(batch)[0] == hand.signature(batch)
     B, L, N = hand.signature(batch)
     assert B == 2 and L % 8 == 0 and N >= sum(len(s) + 1 for s in batch)
+
+
+def test_parser_hand_signature_is_known_before_the_parse():
+    """The hand parser's step shapes come from the batch alone (the decision count's upper
+    bound), so the harness can compile them ahead: batches of one signature share one compiled
+    step however many decisions their parses record."""
+    batches = parser.make_batches(6, seed=3, batch_size=3, **TINY)
+    model = parser.DynaxModel(seed=0, vocab=TINY["vocab"], emb=6, hid=8, mlp=7)
+    hand = parser.HandModel({p.name: np.asarray(p.value) for p in model.pc.parameters()})
+    sigs = set()
+    for batch in batches:
+        sig = hand.signature(batch)
+        _, B, L, T = sig
+        assert B == 3 and L % 8 == 0 and T >= sum(2 * len(s) for s in batch)
+        hand.update(batch)
+        assert sig in hand.signatures
+        sigs.add(sig)
+    assert hand.step._cache_size() == len(sigs)

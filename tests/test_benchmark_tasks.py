@@ -87,6 +87,26 @@ def test_harness_tables(tmp_path, capsys):
     assert (tmp_path / "t.csv").read_text().count("\n") == 4
 
 
+def test_summary_marks_targets_and_says_how_fast_the_machine_ran(capsys):
+    """The summary marks each target met or missed, and reads the machine's speed off the
+    hand-batched Tree-LSTM's rate against the reference (1,090 trees/s)."""
+    from benchmarks import run
+
+    def result(rate):
+        return {"items_per_s": rate, "unit": "trees"}
+
+    agenda = {**result(1200.0), "x_none": 20.0, "x_hand": 2.2}
+    run.print_summary({"treelstm": {64: {"agenda": agenda, "hand": result(545.0)}}},
+                      {"treelstm": 64})
+    out = capsys.readouterr().out
+    assert "[  met  ] treelstm          agenda >= 1100 trees/s" in out
+    assert "[missed ] treelstm          agenda >= 2200 trees/s" in out
+    assert "[not run] tagger" in out
+    assert "ran 545 trees/s, 0.50x the ~1,090 trees/s" in out
+    run.print_summary({"tagger": {64: {"agenda": agenda}}}, {"tagger": 64})
+    assert "Machine speed" not in capsys.readouterr().out
+
+
 class _FakeSystem:
     """Records what the harness asks of it; compiles on its first ``compiling`` updates."""
 

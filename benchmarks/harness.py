@@ -7,7 +7,7 @@ A task module (``benchmarks/tasks/<name>.py``) provides::
     make_batches(n_batches, seed, batch_size=BATCH) -> list   # deterministic data
     DynaxModel(seed)                 # .pc, .loss(batch) -> summed loss in the current graph
     HandModel(init) or None          # hand-batched JAX: .signatures, .update(batch) -> (loss, pack s)
-                                     # .signature(batch) or None: precompile one batch per signature
+                                     # .signature(batch): precompile one batch per signature
 
 ``DynaxSystem`` runs one autobatching strategy, ``HandSystem`` the baseline; ``run_systems``
 times several side by side, their timed updates interleaved, and returns a dict of figures
@@ -191,14 +191,11 @@ class HandSystem:
         self.model = self.task.HandModel(init)
 
     def untimed_batches(self, timed: list) -> list:
-        """One timed batch per jit signature (with ``HandModel.signature``; else all): what a
-        user precompiling the buckets of a fixed dataset would do."""
-        signature = getattr(self.model, "signature", None)
-        if signature is None:
-            return list(timed)
+        """One timed batch per jit signature (``HandModel.signature``): what a user
+        precompiling the buckets of a fixed dataset would do."""
         first: dict = {}
         for b in timed:
-            first.setdefault(signature(b), b)
+            first.setdefault(self.model.signature(b), b)
         return list(first.values())
 
     def update(self, batch, last: bool = False) -> dict:

@@ -30,7 +30,7 @@ GROW_HEADROOM = 1.25  # a grown arena holds this many times what was asked (see 
 UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
 FUSE_RUNS = True  # consecutive batches of one kernel run as one lax.scan (see _launch)
 FUSE_MIN_RUN = 2  # batches in a run, at the least, to fuse it
-FUSE_MAX_MACS = 1 << 24  # fuse steps of at most this many lanes x parameter elements
+FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
 
 
 def _pow2(n: int) -> int:

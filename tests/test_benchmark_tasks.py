@@ -119,8 +119,8 @@ class _FakeSystem:
     def untimed_batches(self, timed):
         return timed[:1]
 
-    def update(self, batch, last=False):
-        self.log.append((self.name, batch, last))
+    def update(self, batch):
+        self.log.append((self.name, "update", batch))
         c = 1 if self.compiling > 0 else 0
         self.compiling -= 1
         return {"total": 0.5, "cpu": 0.5, "build": 0.0, "schedule": 0.0, "forward": 0.0,
@@ -137,19 +137,25 @@ class _FakeSystem:
 def test_run_systems_interleaves_timed_blocks_in_alternating_order():
     """Warm-ups first (fresh starts), untimed passes until one compiles nothing, then each
     system's timed updates in blocks, the order of systems reversed every round, each block
-    ending with ``last=True``."""
+    after an untimed lead-in update (the batch before the block's first) and followed by a
+    wait for the device."""
     log = []
     systems = {"a": _FakeSystem("a", log, compiling=3), "b": _FakeSystem("b", log, compiling=2)}
     batches = {"a": (["aw"], [f"a{i}" for i in range(4)]), "b": (["bw"], ["b0", "b1", "b2"])}
     res = harness.run_systems(systems, batches, 2, rounds=2, log=lambda *a, **k: None)
-    updates = [e for e in log if len(e) == 3]
-    assert log[:3] == [("a", "start"), ("a", "aw", False), ("a", "settle")]
+    assert log[:3] == [("a", "start"), ("a", "update", "aw"), ("a", "settle")]
+    updates = [e[2] for e in log if e[1] == "update"]
     # warm-up compiled 1 each; untimed pass 1: a 1 (and b 1), pass 2: a 1, pass 3: none
-    untimed = [e[1] for e in updates[2:8]]
-    assert untimed == ["a0", "b0"] * 3
-    timed = [(e[1], e[2]) for e in updates[8:]]
-    assert timed == [("a0", False), ("a1", True), ("b0", True),  # round 0: a, b
-                     ("b1", False), ("b2", True), ("a2", False), ("a3", True)]  # round 1: b, a
+    assert updates[2:8] == ["a0", "b0"] * 3
+    last_pass = [i for i, e in enumerate(log) if e[1] == "update"][7] + 1  # pass 3's b0
+    assert log[last_pass] == ("b", "settle")
+
+    def block(name, lead, timed):
+        return [(name, "update", lead)] + [(name, "update", t) for t in timed] + \
+            [(name, "settle")]
+    assert log[last_pass + 1:] == (block("a", "a3", ["a0", "a1"]) + block("b", "b2", ["b0"])
+                                   + block("b", "b0", ["b1", "b2"])
+                                   + block("a", "a1", ["a2", "a3"]))  # round 0: a, b; 1: b, a
     assert res["a"]["precompile_passes"] == 3 and res["a"]["precompile_pass_compiles"] == 2
     assert res["b"]["precompile_pass_compiles"] == 1
     assert res["a"]["timed_updates"] == 4 and res["b"]["timed_updates"] == 3

@@ -153,6 +153,27 @@ def test_array_plans_train_like_none_and_jax_grad(strategy, monkeypatch):
             np.testing.assert_allclose(grads[name], g, **TOL)
 
 
+@pytest.mark.parametrize("after", [0, 1, 3, 10])
+def test_arrays_hand_over_to_the_python_loop_midway(after, monkeypatch):
+    """Where batches turn out small, the array agenda goes on in the Python loop from its
+    current state (batches already yielded stay): the plan is the same either way."""
+    cg = dx.renew_cg()
+    model = Forest()
+    model.loss(_instances(5, 7)).forward()  # computed nodes below lo: ids offset
+    lo = cg.computed
+    model.loss(_instances(40, 6))
+    hi = len(cg.node_sig)
+    monkeypatch.setattr(strategies, "ARRAYS_MIN_NODES", 10**9)
+    expected = strategies.by_agenda(cg, lo, hi)  # all in Python loops
+    assert len(expected) > 12 and lo > 0
+    monkeypatch.setattr(strategies, "ARRAYS_MIN_BATCH", 0)
+    state = strategies._agenda_arrays_setup(cg, lo, hi)
+    # ``most`` = nodes // ARRAYS_MIN_BATCH batches are made on arrays, the rest in Python
+    m = hi - lo
+    monkeypatch.setattr(strategies, "ARRAYS_MIN_BATCH", m // after if after else m + 1)
+    assert list(strategies._agenda_arrays(cg, lo, state)) == expected
+
+
 def test_long_thin_graphs_stay_on_the_python_loops(monkeypatch):
     """A chain has one node per batch: on arrays that would cost ~30 us per node."""
     cg = dx.renew_cg()

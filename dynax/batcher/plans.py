@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .strategies import schedule
+from .strategies import stream
 
 
 class PlanCache:
@@ -34,12 +34,18 @@ class PlanCache:
     def plan(self, strategy: str, graph, lo: int, hi: int) -> list[list[int]]:
         """The plan of ``schedule(strategy, graph, lo, hi)``, from the cache if the same
         graph shape was scheduled recently."""
+        return list(self.stream(strategy, graph, lo, hi))
+
+    def stream(self, strategy: str, graph, lo: int, hi: int):
+        """The plan as ``strategies.stream`` gives it: a list, or an iterator that yields
+        batches as they are chosen (the plan is stored once that has been read to the
+        end)."""
         if strategy == "none":
-            return schedule(strategy, graph, lo, hi)
+            return stream(strategy, graph, lo, hi)
         cheap = (strategy, lo, hi, len(graph.val_node))
         if cheap not in self.seen:
             _remember(self.seen, cheap, True, 4 * self.size)
-            return schedule(strategy, graph, lo, hi)
+            return stream(strategy, graph, lo, hi)
         self.seen.move_to_end(cheap)
         # node_vals and node_out fix the edges among pending nodes (which values a pending
         # node produces); node_depth covers the depths of earlier, computed producers
@@ -52,9 +58,19 @@ class PlanCache:
             self.plans.move_to_end(h)
             self.hits += 1
             return got[1]
-        plan = schedule(strategy, graph, lo, hi)
+        batches = stream(strategy, graph, lo, hi)
+        if isinstance(batches, list):
+            _remember(self.plans, h, (key, batches), self.size)
+            return batches
+        return self._recorded(h, key, batches)
+
+    def _recorded(self, h, key, batches):
+        """Yield ``batches`` and store them as the plan of ``key`` after the last."""
+        plan = []
+        for batch in batches:
+            plan.append(batch)
+            yield batch
         _remember(self.plans, h, (key, plan), self.size)
-        return plan
 
 
 def _remember(lru: OrderedDict, key, value, size: int):

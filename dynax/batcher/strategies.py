@@ -33,10 +33,17 @@ _sid = attrgetter("sid")
 
 def schedule(strategy: str, graph, lo: int, hi: int) -> list[list[int]]:
     """The plan for nodes ``lo..hi-1`` of ``graph`` under ``strategy``."""
+    return list(stream(strategy, graph, lo, hi))
+
+
+def stream(strategy: str, graph, lo: int, hi: int):
+    """``schedule``'s plan, as a list where it is made all at once (depth, none, one batch),
+    else as an iterator: the agenda yields each batch as soon as it is chosen, so the
+    executor can launch the first batches while the agenda picks the rest."""
     if strategy != "none" and hi - lo > 1 and _one_batch(strategy, graph, lo, hi):
         return [list(range(lo, hi))]
     if strategy == "agenda":
-        return by_agenda(graph, lo, hi)
+        return _agenda(graph, lo, hi)
     if strategy == "depth":
         return by_depth(graph, lo, hi)
     if strategy == "none":
@@ -75,10 +82,20 @@ def by_depth(graph, lo: int, hi: int) -> list[list[int]]:
 
 
 def by_agenda(graph, lo: int, hi: int) -> list[list[int]]:
+    return list(_agenda(graph, lo, hi))
+
+
+def _agenda(graph, lo: int, hi: int):
+    """The agenda's batches, one at a time: on arrays for large graphs with large batches,
+    else (or from the point where batches turn out small) in Python loops."""
     if hi - lo >= max(1, ARRAYS_MIN_NODES):
-        plan = _by_agenda_arrays(graph, lo, hi)
-        if plan is not None:
-            return plan
+        state = _agenda_arrays_setup(graph, lo, hi)
+        if state is not None:
+            return _agenda_arrays(graph, lo, state)
+    return _agenda_python(graph, lo, hi)
+
+
+def _agenda_python(graph, lo: int, hi: int):
     sigs, vals, depths, val_node = graph.node_sig, graph.node_vals, graph.node_depth, graph.val_node
     m = hi - lo
     indeg = [0] * m
@@ -115,16 +132,21 @@ def by_agenda(graph, lo: int, hi: int) -> list[list[int]]:
                 heapq.heappush(heap, priority[s])
             else:
                 r.append(n)
-    by_sid = {p[2]: s for s, p in priority.items()}
+    return _agenda_loop(sigs, lo, indeg, succ, priority, ready, heap)
 
-    plan = []
+
+def _agenda_loop(sigs, lo, indeg, succ, priority, ready, heap):
+    """The agenda's main loop in Python: ``ready`` maps a signature to its ready nodes,
+    ``heap`` holds the priorities of signatures with ready nodes, ``indeg`` and ``succ``
+    are indexed by node - ``lo``."""
+    by_sid = {p[2]: s for s, p in priority.items()}
     while heap:
         s = by_sid[heapq.heappop(heap)[2]]
         batch = ready.pop(s, None)
         if not batch:
             continue
         batch.sort()  # node order, as on arrays (nodes joining later may have lower ids)
-        plan.append(batch)
+        yield batch
         for n in batch:
             nexts = succ[n - lo]
             if nexts is None:
@@ -140,7 +162,6 @@ def by_agenda(graph, lo: int, hi: int) -> list[list[int]]:
                         heapq.heappush(heap, priority[cs])
                     else:
                         r.append(c)
-    return plan
 
 
 # ---- the same plans on arrays (large graphs) ---------------------------------------------------
@@ -174,9 +195,16 @@ def _by_depth_arrays(graph, lo: int, hi: int) -> list[list[int]]:
 
 
 def _by_agenda_arrays(graph, lo: int, hi: int) -> list[list[int]] | None:
-    """The agenda's plan, or None where its batches would be small (then the Python loops
-    are faster): estimated first (a batch per signature, and one per depth along the longest
-    chain), checked as it goes."""
+    """The agenda's plan on arrays, or None where its batches would be small (estimated
+    before it starts: then the Python loops are faster)."""
+    state = _agenda_arrays_setup(graph, lo, hi)
+    return None if state is None else list(_agenda_arrays(graph, lo, state))
+
+
+def _agenda_arrays_setup(graph, lo: int, hi: int):
+    """Signatures, priorities and edges (successors in CSR form) of the pending nodes, or
+    None where the batches would be small: estimated as a batch per signature, and one per
+    depth along the longest chain."""
     m = hi - lo
     k, depth, sigs = _signatures(graph, lo, hi)
     if m < ARRAYS_MIN_BATCH * max(len(sigs), int(depth.max() - depth.min()) + 1):
@@ -193,8 +221,16 @@ def _by_agenda_arrays(graph, lo: int, hi: int) -> list[list[int]] | None:
     first_succ = np.zeros(m + 1, np.int64)
     np.cumsum(np.bincount(prod, minlength=m), out=first_succ[1:])
     avg = (np.bincount(k, weights=depth.astype(np.float64)) / np.bincount(k)).tolist()
-    priority = [(a, s.op.cost, s.sid, i) for i, (a, s) in enumerate(zip(avg, sigs))]
+    return k, sigs, avg, indeg, succ, first_succ
 
+
+def _agenda_arrays(graph, lo: int, state):
+    """The agenda's batches from ``_agenda_arrays_setup``'s state, each yielded as soon as
+    it is chosen; once batches turn out small (more than one per ARRAYS_MIN_BATCH nodes on
+    average), the rest comes from the Python loop, which is faster there."""
+    k, sigs, avg, indeg, succ, first_succ = state
+    m = len(k)
+    priority = [(a, s.op.cost, s.sid, i) for i, (a, s) in enumerate(zip(avg, sigs))]
     ready: dict = {}  # signature index -> arrays of ready nodes (each sorted)
     heap: list = []
 
@@ -216,16 +252,22 @@ def _by_agenda_arrays(graph, lo: int, hi: int) -> list[list[int]] | None:
                 r.append(part)
 
     add(np.flatnonzero(indeg == 0))
-    plan = []
+    done = 0
     most = m // max(1, ARRAYS_MIN_BATCH)  # batches beyond this: the Python loops do better
     while heap:
-        parts = ready.pop(heapq.heappop(heap)[3], None)
+        top = heapq.heappop(heap)
+        parts = ready.pop(top[3], None)
         if not parts:
             continue
-        if len(plan) == most:
-            return None
+        if done == most:
+            ready[top[3]] = parts
+            heapq.heappush(heap, top)
+            yield from _agenda_loop(graph.node_sig, lo, *_python_state(
+                lo, sigs, avg, indeg, succ, first_succ, ready, heap))
+            return
         batch = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
-        plan.append((batch + lo).tolist())
+        done += 1
+        yield (batch + lo).tolist()
         # the successors of the batch: the CSR segments of its nodes, concatenated
         start = first_succ[batch]
         size = first_succ[batch + 1] - start
@@ -240,4 +282,15 @@ def _by_agenda_arrays(graph, lo: int, hi: int) -> list[list[int]] | None:
             if now.size > 1:
                 now = now[np.concatenate(([True], now[1:] != now[:-1]))]
             add(now)
-    return plan
+
+
+def _python_state(lo, sigs, avg, indeg, succ, first_succ, ready, heap):
+    """The array agenda's state in the Python loop's form (node ids absolute, signatures
+    as keys): ``(indeg, succ, priority, ready, heap)``."""
+    flat, bounds = (succ + lo).tolist(), first_succ.tolist()
+    succ_lists = [flat[a:b] or None for a, b in zip(bounds[:-1], bounds[1:])]
+    priority = {s: (a, s.op.cost, s.sid) for a, s in zip(avg, sigs)}
+    ready_lists = {sigs[i]: (np.concatenate(parts) + lo).tolist() for i, parts in ready.items()}
+    heap = [p[:3] for p in heap]
+    heapq.heapify(heap)
+    return indeg.tolist(), succ_lists, priority, ready_lists, heap

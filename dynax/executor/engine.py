@@ -10,6 +10,7 @@ slice fast path).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import NamedTuple
 
 import jax
@@ -162,20 +163,35 @@ class Engine:
         g.val_row.extend([-1] * (len(g.val_node) - len(g.val_row)))
         lo, hi = g.computed, len(g.node_sig)
         hits = self.plans.hits
-        plan = self.plans.plan(g.autobatch, g, lo, hi)
+        # a list, or an iterator choosing batches as they are read: the first batches are
+        # launched while the agenda picks the rest, so the device starts sooner
+        batches = self.plans.stream(g.autobatch, g, lo, hi)
         g.n_plans_reused += self.plans.hits - hits
         consts: dict = {}  # akey -> [(value id, host array)] of the pending constants
         for v, arr in g.pending_consts:
             consts.setdefault(g.val_akey[v], []).append((v, arr))
-        self._reserve(g, plan, consts)
+        if not isinstance(batches, list) and not self._fits(self._rows(g, consts, lo, hi)):
+            # streamed, its rows have a bound only; where that bound would grow an arena,
+            # the whole plan is made first so the arena grows to what it really needs
+            batches = list(batches)
+        if isinstance(batches, list):
+            self._grow_to(self._rows(g, consts, lo, hi, batches))
         self._load_constants(g, consts)
         g.pending_consts = []
         t1 = time.perf_counter()
-        g.seconds["schedule"] += t1 - t0
+        scheduling = t1 - t0
+        plan: list = []
         run: list = []  # prepared batches of one kernel, launched together
         # 'none' is the node-by-node reference; validity checks look at every batch
         fuse = FUSE_RUNS and g.autobatch != "none" and not g.check_validity
-        for nodes in plan:
+        batches = iter(batches)
+        while True:
+            t = time.perf_counter()
+            nodes = next(batches, None)
+            scheduling += time.perf_counter() - t
+            if nodes is None:
+                break
+            plan.append(nodes)
             step = self._prepare(g, nodes)
             if run and (not fuse or step[:4] != run[0][:4]):
                 self._launch(g, run)
@@ -187,16 +203,14 @@ class Engine:
         g.n_batches += len(plan)
         if g.check_validity:
             check_forward(self, g, plan)
-        g.seconds["forward"] += time.perf_counter() - t1
+        g.seconds["schedule"] += scheduling
+        g.seconds["forward"] += time.perf_counter() - t0 - scheduling
 
-    def _reserve(self, g, plan, consts):
-        """Grow each arena, once and before anything runs, to hold all this forward writes.
-
-        Kernels are compiled per arena capacity, so an arena growing in the middle of a
-        forward pass made every kernel that ran before the growth compile again (the first
-        tagger update: 2 growths of the 128-d arena). The bound mirrors ``_alloc``: rows
-        used, plus the largest padding a write needs beyond them.
-        """
+    def _rows(self, g, consts, lo: int, hi: int, plan=None) -> dict:
+        """Per arena, the rows this forward pass can write at most (``_alloc``'s rule: rows
+        used, plus the largest padding a write needs beyond them). Without the ``plan``, a
+        bound that holds for any: a batch of n nodes runs as B <= 2n lanes, and of the m
+        outputs of a node in one arena, all but the last take B rows."""
         used, slack = dict(g.rows), {}
 
         def add(a, rows, pad):
@@ -206,17 +220,33 @@ class Engine:
         for a, items in consts.items():
             add(a, len(items), bucket(len(items)) - len(items))
         sigs = g.node_sig
-        for nodes in plan:
-            n = len(nodes)
-            B = _lanes(n)
-            outs = sigs[nodes[0]].out_akeys
-            for j, a in enumerate(outs):  # outputs of one arena: blocks of B, the last n
-                add(a, B if a in outs[j + 1:] else n, B - n)
-        for a, rows in used.items():
-            rows += slack.get(a, 0)
+        if plan is not None:
+            for nodes in plan:
+                n = len(nodes)
+                B = _lanes(n)
+                outs = sigs[nodes[0]].out_akeys
+                for j, a in enumerate(outs):  # outputs of one arena: blocks of B, the last n
+                    add(a, B if a in outs[j + 1:] else n, B - n)
+        else:
+            for sig, n in Counter(sigs[lo:hi]).items():
+                outs = sig.out_akeys
+                for a in set(outs):
+                    add(a, (2 * outs.count(a) - 1) * n, n)
+        return {a: rows + slack.get(a, 0) for a, rows in used.items()}
+
+    def _fits(self, rows: dict) -> bool:
+        arenas = self.arenas
+        return all(a in arenas and arenas[a].shape[0] >= n for a, n in rows.items())
+
+    def _grow_to(self, rows: dict):
+        """Grow each arena, once and before anything runs, to hold all this forward writes:
+        kernels are compiled per arena capacity, so an arena growing in the middle of a
+        forward pass made every kernel that ran before the growth compile again (the first
+        tagger update: 2 growths of the 128-d arena)."""
+        for a, n in rows.items():
             arena = self.arenas.get(a)
-            if arena is None or arena.shape[0] < rows:
-                self._grow(a, rows)
+            if arena is None or arena.shape[0] < n:
+                self._grow(a, n)
 
     def _load_constants(self, g, consts):
         """Copy the pending constants into their arenas: one transfer per arena."""
@@ -329,9 +359,15 @@ class Engine:
     def read(self, g, v: int) -> np.ndarray:
         got = g.host_values.get(v)
         if got is None:
-            got = np.asarray(_gather_rows(self.arenas[g.val_akey[v]],
-                                          np.asarray([g.val_row[v]], np.int32)))[0, ...]
+            pending = g.pending_reads.pop(v, None)
+            if pending is None:
+                pending = self._start_read(g, v)
+            got = g.host_values[v] = np.asarray(pending)[0, ...]
         return got
+
+    def _start_read(self, g, v: int):
+        """Queue the one-row gather of value ``v`` (its device array; reading it waits)."""
+        return _gather_rows(self.arenas[g.val_akey[v]], np.asarray([g.val_row[v]], np.int32))
 
     def fetch(self, g, values) -> None:
         """Copy computed values to the host: one gather and one transfer per arena."""
@@ -351,6 +387,10 @@ class Engine:
         loss_node = g.val_node[v]
         if loss_node < 0:
             return  # a constant: no parameter contributed
+        if v not in g.host_values:
+            # queue the loss's read ahead of the backward kernels, so that a loop reading
+            # it after ``trainer.update()`` waits for the forward pass only
+            g.pending_reads[v] = self._start_read(g, v)
         grads = self._gradient_arenas(g)
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
         once = _params_of_one_batch(g.batches)

@@ -56,6 +56,7 @@ class ComputationGraph:
         # execution state
         self.rows: dict = {}  # akey -> arena rows handed out so far
         self.host_values: dict = {}  # value id -> host copy, fetched in batches (dx.forward)
+        self.pending_reads: dict = {}  # value id -> its queued one-row gather (device array)
         self.computed = 0  # nodes [0, computed) have values
         self.batches: list = []  # executed batch records, forward order (for backward)
         self.n_batches = 0

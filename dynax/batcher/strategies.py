@@ -13,7 +13,9 @@ All are O(nodes + edges). Large graphs with large batches are scheduled on NumPy
 few array operations per batch instead of Python steps per node and edge: the agenda of a
 6k-node tagger update costs ~7-9 ms in Python loops, ~5 ms on arrays); the others in plain
 Python loops, as NumPy's ~30 us per batch would dominate. Both give the same plan, batches
-in node order (tests/test_schedule_arrays.py).
+in node order (tests/test_schedule_arrays.py). The agenda's plan is also available as a
+stream (``stream``): batches yielded as they are chosen, for the executor to launch them
+while it picks the rest.
 """
 from __future__ import annotations
 

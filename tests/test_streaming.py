@@ -13,7 +13,7 @@ from dynax.batcher import strategies
 from dynax.executor import engine as engine_mod
 from dynax.graph.computation_graph import _engine
 
-from test_plans import Chains
+from test_plans import Chains, _run
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -46,26 +46,16 @@ def _events(monkeypatch):
     return log
 
 
-def _train_step(model, batch, strategy):
-    for p in model.pc.parameters():
-        p.zero_grad()
-    dx.renew_cg(autobatch=strategy)
-    loss = model.loss(batch)
-    value = loss.scalar_value()
-    loss.backward()
-    return value, {p.name: np.asarray(p.grad) for p in model.pc.parameters()}
-
-
 def test_a_streamed_forward_launches_before_the_plan_ends_and_matches_the_references(
         monkeypatch):
     model = Chains()
     dx.release_memory()
-    _train_step(model, _batch(0, n=12), "agenda")  # arenas grown for a larger graph
+    _run(model, _batch(0, n=12), "agenda")  # arenas grown for a larger graph
     log = _events(monkeypatch)
     batch = _batch(1)
-    value, grads = _train_step(model, batch, "agenda")
+    value, grads, _ = _run(model, batch, "agenda")
     assert "end" in log and log.index("launch") < log.index("end")
-    ref_value, ref_grads = _train_step(model, batch, "none")
+    ref_value, ref_grads, _ = _run(model, batch, "none")
     jax_value, jax_grads = jax.value_and_grad(model.reference, argnums=(0, 1))(
         model.W.value, model.E.value, batch)
     np.testing.assert_allclose(value, ref_value, **TOL)
@@ -79,13 +69,13 @@ def test_where_the_bound_would_grow_an_arena_the_whole_plan_comes_first(monkeypa
     model = Chains()
     dx.release_memory()
     log = _events(monkeypatch)
-    _train_step(model, _batch(2), "agenda")  # no arena yet: the bound does not fit
+    _run(model, _batch(2), "agenda")  # no arena yet: the bound does not fit
     assert log.index("end") < log.index("launch")
     exact = {a: arena.shape[0] for a, arena in _engine().arenas.items()}
     # the arenas are as with streaming off: sized by the whole plan, not the bound
     dx.release_memory()
     monkeypatch.setattr(plans_mod, "stream", lambda *a: list(strategies.stream(*a)))
-    _train_step(model, _batch(2), "agenda")
+    _run(model, _batch(2), "agenda")
     assert {a: arena.shape[0] for a, arena in _engine().arenas.items()} == exact
 
 
@@ -107,23 +97,3 @@ def test_a_streamed_plan_is_stored_for_reuse(monkeypatch):
             assert log.index("launch") < log.index("end")
     assert reused == [0, 0, 1]
 
-
-def test_a_loss_read_after_the_update_is_the_forward_value():
-    """``backward()`` queues the loss's read ahead of its kernels (a loop that reads the
-    loss after ``trainer.update()`` then waits for the forward pass only): the value read
-    is the forward's, not one computed with the updated parameters."""
-    import optax
-    model = Chains()
-    batch = _batch(4)
-    dx.renew_cg(autobatch="agenda")
-    before = model.loss(batch).scalar_value()
-    trainer = dx.Trainer(model.pc, optax.sgd(0.5))
-    cg = dx.renew_cg(autobatch="agenda")
-    loss = model.loss(batch)
-    loss.backward()
-    trainer.update()
-    after_update = loss.scalar_value()
-    assert cg.stats()["batches"] > 0
-    np.testing.assert_allclose(after_update, before, **TOL)
-    dx.renew_cg(autobatch="agenda")
-    assert abs(model.loss(batch).scalar_value() - before) > 1e-3  # the update did change it

@@ -1,4 +1,4 @@
-"""Plans of large graphs are computed on NumPy arrays (``strategies._by_agenda_arrays``,
+"""Plans of large graphs are computed on NumPy arrays (``strategies._agenda_arrays``,
 ``_by_depth_arrays``); they must equal the plain-Python plans node for node, be valid plans
 (every pending node once, producers first, one signature per batch), and train to the same
 values and gradients as ``autobatch="none"`` and ``jax.grad``."""
@@ -181,7 +181,7 @@ def test_long_thin_graphs_stay_on_the_python_loops(monkeypatch):
     for _ in range(strategies.ARRAYS_MIN_NODES + 10):
         x = dx.tanh(x)
     hi = len(cg.node_sig)
-    assert strategies._by_agenda_arrays(cg, 0, hi) is None
+    assert strategies._agenda_arrays_setup(cg, 0, hi) is None
     plan = strategies.by_agenda(cg, 0, hi)
     assert plan == [[n] for n in range(hi)]
 

@@ -31,15 +31,10 @@ class PlanCache:
         self.plans.clear()
         self.seen.clear()
 
-    def plan(self, strategy: str, graph, lo: int, hi: int) -> list[list[int]]:
-        """The plan of ``schedule(strategy, graph, lo, hi)``, from the cache if the same
-        graph shape was scheduled recently."""
-        return list(self.stream(strategy, graph, lo, hi))
-
     def stream(self, strategy: str, graph, lo: int, hi: int):
-        """The plan as ``strategies.stream`` gives it: a list, or an iterator that yields
-        batches as they are chosen (the plan is stored once that has been read to the
-        end)."""
+        """The plan of ``strategies.stream(strategy, graph, lo, hi)``, from the cache if the
+        same graph shape was scheduled recently: a list, or an iterator that yields batches
+        as they are chosen (the plan is stored once that has been read to the end)."""
         if strategy == "none":
             return stream(strategy, graph, lo, hi)
         cheap = (strategy, lo, hi, len(graph.val_node))

@@ -196,13 +196,6 @@ def _by_depth_arrays(graph, lo: int, hi: int) -> list[list[int]]:
     return [nodes[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
-def _by_agenda_arrays(graph, lo: int, hi: int) -> list[list[int]] | None:
-    """The agenda's plan on arrays, or None where its batches would be small (estimated
-    before it starts: then the Python loops are faster)."""
-    state = _agenda_arrays_setup(graph, lo, hi)
-    return None if state is None else list(_agenda_arrays(graph, lo, state))
-
-
 def _agenda_arrays_setup(graph, lo: int, hi: int):
     """Signatures, priorities and edges (successors in CSR form) of the pending nodes, or
     None where the batches would be small: estimated as a batch per signature, and one per

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import jax
 from jax import lax
-from jax.extend import core as jcore
+
+try:
+    from jax.extend.core import Literal
+except ImportError:  # older JAX
+    from jax.core import Literal
 
 _ROW_STEP, _MAX_ROWS = 512, 4096
 
@@ -45,7 +49,7 @@ def _eval(jaxpr, consts, args) -> list:
     transposed: set = set()  # variables made by a transpose
 
     def read(v):
-        return v.val if isinstance(v, jcore.Literal) else env[v]
+        return v.val if isinstance(v, Literal) else env[v]
 
     env.update(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
@@ -54,11 +58,14 @@ def _eval(jaxpr, consts, args) -> list:
         if eqn.primitive is lax.dot_general_p:
             (lc, _), (lb, _) = eqn.params["dimension_numbers"]
             lhs = eqn.invars[0]
-            if (lhs in transposed and not lb and len(lhs.aval.shape) == 2
+            if (not isinstance(lhs, Literal) and lhs in transposed and not lb
+                    and len(lhs.aval.shape) == 2
                     and tuple(lc) == (1,) and _pays(lhs)):
                 ins[0] = lax.optimization_barrier(ins[0])
+        bind = eqn.primitive.get_bind_params(eqn.params)
+        subfuns, params = bind if isinstance(bind, tuple) else ((), bind)  # older JAX: a pair
         with eqn.ctx.manager:
-            outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
+            outs = eqn.primitive.bind(*subfuns, *ins, **params)
         if not eqn.primitive.multiple_results:
             outs = [outs]
         env.update(zip(eqn.outvars, outs))

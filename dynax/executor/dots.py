@@ -33,9 +33,9 @@ def _pays(lhs_var) -> bool:
 
 
 def materialised_transposes(fn):
-    """``fn`` (a function of arrays returning a pytree of arrays), evaluated with every 2-D
-    matmul whose left operand is a transpose contracted over its last axis given that
-    operand materialised, where ``_pays``. Call it while tracing (inside ``jax.jit``)."""
+    """``fn`` (arrays in, a pytree of arrays out) evaluated from its jaxpr, the left operand
+    of a 2-D matmul materialised where that operand is a transpose contracted over its last
+    axis and ``_pays`` says so. Meant for use while tracing (inside ``jax.jit``)."""
     def wrapped(*args):
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
         out = _eval(closed.jaxpr, closed.consts, jax.tree_util.tree_leaves(args))

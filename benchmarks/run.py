@@ -3,13 +3,15 @@
 Run from the repository root::
 
     .venv/bin/python -m benchmarks.run [--task T ...] [--quick] [--strategies none,depth,agenda,hand]
+                                       [--cpu-threads N]
 
 Per task (and per batch size of a task with ``BATCH_SIZES``): a fixed number of warm-up
 updates, then timed updates (``--quick``: a few of each, to check that things run); a table
 of throughput, ratio to ``none`` and to the hand-batched baseline, compilations per step and
 the time split per update; ``benchmarks/results/<task>.csv`` and ``<task>.png``. At the end,
 a summary over all tasks and the speed targets, each marked met or missed. Ratios are
-always between systems measured in the same run.
+always between systems measured in the same run. ``--cpu-threads N`` runs every system,
+the baseline included, with N XLA:CPU intra-op threads (``dx.set_cpu_threads``).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import argparse
 import os
 
 import jax
+
+import dynax as dx
 
 from . import harness
 from .tasks import TASKS
@@ -141,7 +145,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--strategies", default="none,depth,agenda,hand",
                     help="comma-separated subset of none,depth,agenda,hand")
     ap.add_argument("--out", default=harness.RESULTS_DIR, help="directory for CSV and PNG")
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="XLA:CPU intra-op threads for every system (default: one per core)")
     args = ap.parse_args(argv)
+    if args.cpu_threads is not None:
+        dx.set_cpu_threads(args.cpu_threads)  # before anything below touches a device
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for s in strategies:
         if s not in harness.SYSTEMS:
@@ -150,7 +158,8 @@ def main(argv=None) -> dict:
              if t.strip()]
     print(f"dynax benchmarks: tasks {', '.join(tasks)}; systems {', '.join(strategies)}; "
           f"{'quick' if args.quick else 'full'} run; jax {jax.__version__} on "
-          f"{jax.devices()[0].platform}", flush=True)
+          f"{jax.devices()[0].platform}, {os.environ.get('PJRT_NPROC', 'default')} "
+          f"intra-op threads", flush=True)
     all_results, default_batch = {}, {}
     for name in tasks:
         res = bench_task(name, strategies, args.quick, args.out)

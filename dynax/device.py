@@ -1,5 +1,7 @@
-"""Where parameters live and kernels run: ``dx.set_device``."""
+"""Where parameters live and kernels run: ``dx.set_device``, ``dx.set_cpu_threads``."""
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +36,43 @@ def set_device(device) -> jax.Device:
 def get_device() -> jax.Device:
     """The device selected by ``set_device`` (JAX's default device if none was)."""
     return _device if _device is not None else jax.devices()[0]
+
+
+def set_cpu_threads(n: int) -> None:
+    """Run XLA:CPU kernels on ``n`` threads (its intra-op pool; default: one per core).
+
+    Call it before the first JAX computation of the process: XLA reads the setting (the
+    ``PJRT_NPROC`` environment variable, which this sets) when it creates its CPU client.
+
+    Which is faster depends on the model. Graphs of many small kernels run faster on one
+    thread: splitting a small product or copy across threads costs more than it saves,
+    and the second thread competes with the Python thread building the next graph.
+    Large products want every core. Measured per update on a 2-core CPU, ``n=1``
+    against the default: BiLSTM tagger, tagger with character BiLSTM and transition
+    parser 13-22% faster; Tree-LSTM 10%, synthetic BiLSTM (1024-row gates) 39% and RNN LM
+    (10,000-word softmax) 74% slower; the hand-batched JAX baselines of the first three
+    11-37% slower.
+
+    Raises:
+      ValueError: ``n`` is not a positive integer.
+      RuntimeError: JAX has already created its backends, so the setting cannot apply.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"set_cpu_threads: expected a positive integer, got {n!r}")
+    if _backends_initialized():
+        raise RuntimeError(
+            "set_cpu_threads: JAX's backends already exist, so the thread count can no "
+            "longer change; call it before the first JAX computation (or set the "
+            "environment variable PJRT_NPROC before starting Python)")
+    os.environ["PJRT_NPROC"] = str(int(n))
+
+
+def _backends_initialized() -> bool:
+    try:
+        from jax._src.xla_bridge import backends_are_initialized
+    except ImportError:  # a JAX without it: the setting is made, and applies if in time
+        return False
+    return backends_are_initialized()
 
 
 _ZEROS: dict = {}  # (device, shape, dtype) -> jitted fill

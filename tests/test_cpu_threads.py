@@ -1,0 +1,55 @@
+"""``dx.set_cpu_threads``: XLA:CPU's intra-op pool takes the size asked for, the setting is
+refused once JAX's backends exist, and bad counts are rejected.
+
+The pool size is read from the thread names of a fresh subprocess (Linux ``/proc``): XLA
+names its intra-op workers ``XLAEigen``.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+
+import dynax as dx
+
+CHILD = textwrap.dedent("""
+    import os, sys
+    import dynax as dx
+    dx.set_cpu_threads(int(sys.argv[1]))
+    import jax, jax.numpy as jnp
+    x = jnp.ones((256, 256))
+    jax.block_until_ready(jax.jit(lambda a: a @ a)(x))
+    names = [open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task")]
+    print(sum("XLAEigen" in s for s in names))
+""")
+
+
+def _eigen_threads(n: int) -> int:
+    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC")}  # ours only
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run([sys.executable, "-c", CHILD, str(n)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_pool_takes_the_requested_size():
+    assert _eigen_threads(1) == 1
+    assert _eigen_threads(3) == 3  # more than this 2-core machine has: the count is taken
+
+
+def test_refused_once_backends_exist():
+    jax.devices()  # this test process has its backends (the other tests use them too)
+    before = os.environ.get("PJRT_NPROC")
+    with pytest.raises(RuntimeError, match="before the first JAX computation"):
+        dx.set_cpu_threads(1)
+    assert os.environ.get("PJRT_NPROC") == before  # nothing half-applied
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "2", True, None])
+def test_bad_counts_are_rejected(bad):
+    with pytest.raises(ValueError, match="positive integer"):
+        dx.set_cpu_threads(bad)

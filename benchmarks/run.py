@@ -149,7 +149,10 @@ def main(argv=None) -> dict:
                     help="XLA:CPU intra-op threads for every system (default: one per core)")
     args = ap.parse_args(argv)
     if args.cpu_threads is not None:
-        dx.set_cpu_threads(args.cpu_threads)  # before anything below touches a device
+        try:
+            dx.set_cpu_threads(args.cpu_threads)  # before anything below touches a device
+        except (ValueError, RuntimeError) as e:
+            ap.error(str(e))
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for s in strategies:
         if s not in harness.SYSTEMS:

@@ -37,8 +37,11 @@ def _eigen_threads(n: int) -> int:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
 def test_pool_takes_the_requested_size():
+    three = _eigen_threads(3)  # more than this 2-core machine has: the count is taken
+    if three == 0:
+        pytest.skip("this jaxlib does not name its intra-op threads XLAEigen")
+    assert three == 3
     assert _eigen_threads(1) == 1
-    assert _eigen_threads(3) == 3  # more than this 2-core machine has: the count is taken
 
 
 def test_refused_once_backends_exist():

@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 
+import dynax as dx
+
 
 def run_parser(doc: str, *, budget_covers: str, quick_is: str, train_size: int = 4000,
                test_size: int = 256) -> argparse.ArgumentParser:
@@ -23,6 +25,8 @@ def run_parser(doc: str, *, budget_covers: str, quick_is: str, train_size: int =
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--train-size", type=int, default=train_size)
     ap.add_argument("--test-size", type=int, default=test_size)
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="XLA:CPU threads per kernel (dx.set_cpu_threads; default: one per core)")
     return ap
 
 
@@ -30,6 +34,11 @@ def parse_run_args(ap: argparse.ArgumentParser, argv, quick: dict) -> argparse.N
     """The parsed flags; with ``--quick``, ``quick``'s settings replace the defaults of every
     flag not given on the command line."""
     args = ap.parse_args(argv)
+    if args.cpu_threads is not None:
+        try:
+            dx.set_cpu_threads(args.cpu_threads)  # only takes effect before any JAX work
+        except (ValueError, RuntimeError) as e:
+            ap.error(str(e))
     if args.quick:
         defaults = vars(ap.parse_args([]))
         given = {k for k, v in vars(args).items() if v != defaults[k]}

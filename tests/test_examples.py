@@ -214,3 +214,13 @@ def test_td_none_equals_agenda_and_generation_terminates(td):
     b, capped_b = model.generate(3, np.random.default_rng(0), autobatch="agenda", **kw)
     assert a == b and capped_a == capped_b
     assert all(td.size(t) <= 12 and td.depth_of(t) <= 3 + 1 for t in a)  # + the virtual root
+
+
+def test_cpu_threads_flag_refused_once_jax_runs(tagger, capsys):
+    # in this process JAX's backends exist, so the flag cannot apply: an argparse error
+    # naming the cause, rather than a run at another thread count than asked for
+    import jax
+    jax.devices()
+    with pytest.raises(SystemExit):
+        tagger.main(["--quick", "--cpu-threads", "1"])
+    assert "before the first JAX computation" in capsys.readouterr().err

@@ -18,7 +18,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 demo: $(STAMP)
-	$(PY) examples/tree_listops.py
+	$(PY) examples/tree_listops.py --cpu-threads 1
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run

@@ -47,11 +47,12 @@ def set_cpu_threads(n: int) -> None:
     Which is faster depends on the model. Graphs of many small kernels run faster on one
     thread: splitting a small product or copy across threads costs more than it saves,
     and the second thread competes with the Python thread building the next graph.
-    Large products want every core. Measured per update on a 2-core CPU, ``n=1``
-    against the default: BiLSTM tagger, tagger with character BiLSTM and transition
-    parser 13-22% faster; Tree-LSTM 10%, synthetic BiLSTM (1024-row gates) 39% and RNN LM
-    (10,000-word softmax) 74% slower; the hand-batched JAX baselines of the first three
-    11-37% slower.
+    Large products want every core. Measured on a 2-core CPU, ``n=1`` against the
+    default: BiLSTM tagger, tagger with character BiLSTM and transition parser 13-22%
+    faster per update, and the ListOps demo's Tree-LSTM (hidden 64) 20% more updates in
+    its time budget; the benchmark's Tree-LSTM (hidden 150) 10%, synthetic BiLSTM
+    (1024-row gates) 39% and RNN LM (10,000-word softmax) 74% slower per update, and the
+    hand-batched JAX baselines of the first three 11-37% slower.
 
     Raises:
       ValueError: ``n`` is not a positive integer.

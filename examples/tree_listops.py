@@ -289,7 +289,15 @@ def parse_args(argv=None):
     ap.add_argument("--log-every", type=int, default=25, help="updates between progress lines")
     ap.add_argument("--speed-batches", type=int, default=2,
                     help="minibatches timed for the none-vs-agenda comparison")
-    return ap.parse_args(argv)
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="XLA:CPU threads per kernel (dx.set_cpu_threads; default: one per core)")
+    args = ap.parse_args(argv)
+    if args.cpu_threads is not None:
+        try:
+            dx.set_cpu_threads(args.cpu_threads)  # only takes effect before any JAX work
+        except (ValueError, RuntimeError) as e:
+            ap.error(str(e))
+    return args
 
 
 def main(argv=None) -> dict:
@@ -318,7 +326,8 @@ def main(argv=None) -> dict:
     model = TreeLSTMClassifier(pc, len(VOCAB), args.dim, args.hidden, N_CLASSES)
     trainer = dx.AdamTrainer(pc, alpha=args.lr)
     print(f"Tree-LSTM: embedding {args.dim}, hidden {args.hidden}, "
-          f"{pc.parameter_count()} parameters; Adam lr {args.lr}, minibatch {args.batch}")
+          f"{pc.parameter_count()} parameters; Adam lr {args.lr}, minibatch {args.batch}; "
+          f"XLA:CPU threads per kernel: {args.cpu_threads or 'one per core'}")
     rng = np.random.default_rng(args.seed + 1)
     batches = minibatches(train, args.batch, rng)
 

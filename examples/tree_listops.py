@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dynax as dx
+from _training import add_cpu_threads_flag, apply_cpu_threads
 
 # ============================================================================================
 # Data: the ListOps grammar, a seeded generator, an evaluator and a binariser.
@@ -289,14 +290,9 @@ def parse_args(argv=None):
     ap.add_argument("--log-every", type=int, default=25, help="updates between progress lines")
     ap.add_argument("--speed-batches", type=int, default=2,
                     help="minibatches timed for the none-vs-agenda comparison")
-    ap.add_argument("--cpu-threads", type=int, default=None,
-                    help="XLA:CPU threads per kernel (dx.set_cpu_threads; default: one per core)")
+    add_cpu_threads_flag(ap)
     args = ap.parse_args(argv)
-    if args.cpu_threads is not None:
-        try:
-            dx.set_cpu_threads(args.cpu_threads)  # only takes effect before any JAX work
-        except (ValueError, RuntimeError) as e:
-            ap.error(str(e))
+    apply_cpu_threads(ap, args)
     return args
 
 

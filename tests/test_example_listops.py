@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import pathlib
+import sys
 import time
 
 import numpy as np
@@ -14,6 +15,8 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "tree_listo
 
 @pytest.fixture(scope="module")
 def listops():
+    if str(EXAMPLE.parent) not in sys.path:  # as when run as a script: examples/_training.py
+        sys.path.insert(0, str(EXAMPLE.parent))
     spec = importlib.util.spec_from_file_location("tree_listops", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -286,7 +286,7 @@ def parse_args(argv=None):
     ap.add_argument("--dim", type=int, default=32, help="token embedding size")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--log-every", type=int, default=25, help="updates between progress lines")
     ap.add_argument("--speed-batches", type=int, default=2,
                     help="minibatches timed for the none-vs-agenda comparison")

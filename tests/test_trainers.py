@@ -126,3 +126,72 @@ def test_learning_rate_schedule_is_applied_per_update():
     assert not np.allclose(w1, w0)
     step(trainer, E, W, [1])
     np.testing.assert_array_equal(np.asarray(W.value), w1)
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_learning_rate_scale_equals_optax_with_the_scaled_rate(sparse):
+    """Adam with its updates scaled by 0.25, then 0.5 (set between updates) is Optax's Adam
+    with its rate set to 0.1 * that scale (exact: Adam's update is proportional to its rate).
+    The table's rows are compared on the rows of the first step, where lazy Adam is Adam."""
+    pc, E, W = build()
+    trainer = dx.Trainer(pc, optax.adam(0.1), sparse_updates=sparse)
+    assert trainer.learning_rate_scale == 1.0
+    ref = optax.inject_hyperparams(optax.adam)(learning_rate=0.1)
+    params = {"E": jnp.array(E.value), "W": jnp.array(W.value)}  # copies: tables are donated
+    state = ref.init(params)
+    for scale, rows in ((0.25, [1, 2, 2]), (0.5, [1, 2])):
+        trainer.learning_rate_scale = scale
+        step(trainer, E, W, rows)
+        state.hyperparams["learning_rate"] = 0.1 * scale
+        g = jax.grad(lambda p: ref_loss(p["E"], p["W"], rows))(params)
+        upd, state = ref.update(g, state, params)
+        params = optax.apply_updates(params, upd)
+        np.testing.assert_allclose(W.value, params["W"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(E.value)[[1, 2]], np.asarray(params["E"])[[1, 2]],
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_learning_rate_of_convenience_trainers_is_settable_as_in_dynet():
+    pc, E, W = build()
+    trainer = dx.SimpleSGDTrainer(pc, learning_rate=0.5)
+    assert trainer.learning_rate == 0.5
+    trainer.learning_rate = 0.125  # plain SGD: W moves by exactly 0.125 * grad
+    assert trainer.learning_rate_scale == pytest.approx(0.25)
+    w0 = np.array(W.value)
+    dx.renew_cg()
+    loss_of(E, W, [3]).backward()
+    g = np.array(W.grad)
+    trainer.update()
+    np.testing.assert_allclose(W.value, w0 - 0.125 * g, rtol=1e-6, atol=1e-7)
+    assert dx.AdamTrainer(pc, alpha=0.02).learning_rate == pytest.approx(0.02)
+
+
+def test_changing_the_learning_rate_compiles_nothing():
+    pc, E, W = build()
+    trainer = dx.AdamTrainer(pc, alpha=0.1)
+    step(trainer, E, W, [1, 2])
+    before = trainer._dense_step._cache_size(), trainer._sparse_step._cache_size()
+    for lr in (0.05, 0.01, 0.0):
+        trainer.learning_rate = lr
+        step(trainer, E, W, [3, 4])
+    assert (trainer._dense_step._cache_size(), trainer._sparse_step._cache_size()) == before
+    w = np.array(W.value)  # rate 0: nothing moves
+    step(trainer, E, W, [1])
+    np.testing.assert_array_equal(W.value, w)
+
+
+def test_bad_learning_rates_are_refused_and_change_nothing():
+    pc, E, W = build()
+    trainer = dx.AdamTrainer(pc, alpha=0.1)
+    for bad in (-1.0, float("nan"), float("inf"), "0.1", None, True):
+        with pytest.raises(ValueError, match="learning_rate"):
+            trainer.learning_rate = bad
+        with pytest.raises(ValueError, match="learning_rate_scale"):
+            trainer.learning_rate_scale = bad
+    assert trainer.learning_rate_scale == 1.0
+    with pytest.raises(AttributeError, match="learning_rate_scale"):
+        dx.Trainer(pc, optax.adam(0.1)).learning_rate
+    with pytest.raises(ValueError, match="schedule|learning_rate_scale"):
+        dx.SimpleSGDTrainer(pc, learning_rate=optax.constant_schedule(0.1)).learning_rate = 0.5
+    with pytest.raises(ValueError, match="learning_rate_scale"):
+        dx.SimpleSGDTrainer(pc, learning_rate=0.0).learning_rate = 0.5

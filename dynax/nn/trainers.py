@@ -34,6 +34,13 @@ class Trainer:
       tx: any Optax gradient transformation.
       sparse_updates: update lookup tables on the rows used since the last update only.
       clip_threshold: if set, rescale all gradients so their global L2 norm is at most this.
+
+    ``learning_rate_scale`` (default 1.0) multiplies every update that ``tx`` returns. Set it
+    between updates to decay the rate by whatever the loop measures (elapsed time, a dev
+    score), which a step-count schedule cannot know in advance; changing it compiles
+    nothing. For Optax's optimizers (SGD, momentum, Adagrad, RMSProp, Adam, AdamW) the update
+    is proportional to the learning rate, so this is the same as scaling it. The convenience
+    trainers below also offer DyNet's ``trainer.learning_rate`` on top of it.
     """
 
     def __init__(self, pc, tx: optax.GradientTransformation, sparse_updates: bool = True,
@@ -43,6 +50,8 @@ class Trainer:
         self.sparse_updates = sparse_updates
         self.clip_threshold = clip_threshold
         self.updates = 0
+        self.learning_rate_scale = 1.0
+        self._base_learning_rate = None  # what a convenience trainer gave optax
         self._names: tuple = ()
         self._state: dict = {}  # group name -> optax state
         self._dense_step = jax.jit(self._apply, donate_argnums=(2,))
@@ -55,12 +64,13 @@ class Trainer:
         self.last_grad_norm: float | None = None
 
     # ---- pure steps -------------------------------------------------------------------------
-    def _apply(self, values, grads, state, scale):
+    def _apply(self, values, grads, state, scale, lr_scale):
         grads = jax.tree_util.tree_map(lambda g: g * scale, grads)
         updates, state = self.tx.update(grads, state, values)
+        updates = jax.tree_util.tree_map(lambda u: u * lr_scale, updates)
         return optax.apply_updates(values, updates), state
 
-    def _apply_rows(self, value, grad, state, rows, scale):
+    def _apply_rows(self, value, grad, state, rows, scale, lr_scale):
         """Update ``rows`` of a table (duplicates in ``rows`` carry identical data)."""
         shape = value.shape
 
@@ -69,7 +79,7 @@ class Trainer:
 
         sub_state = jax.tree_util.tree_map(take, state)
         updates, new_sub = self.tx.update(grad[rows] * scale, sub_state, value[rows])
-        new_rows = optax.apply_updates(value[rows], updates)
+        new_rows = optax.apply_updates(value[rows], updates * lr_scale)
 
         def put(leaf, sub):
             return leaf.at[rows].set(sub) if getattr(leaf, "shape", None) == shape else sub
@@ -122,33 +132,68 @@ class Trainer:
             return
         self._sync(params)
         scale = np.float32(self._scale(params))
+        lr_scale = np.float32(self._lr_scale)
         groups, tables = self._groups(params)
         dense = groups[""]
         if dense:
             values = {p.name: p._value for p in dense}
             grads = {p.name: (p._grad if p._grad is not None else zeros(p.shape, p.dtype))
                      for p in dense}
-            new, self._state[""] = self._dense_step(values, grads, self._state[""], scale)
+            new, self._state[""] = self._dense_step(values, grads, self._state[""], scale,
+                                                     lr_scale)
             for p in dense:
                 p._value = new[p.name]
                 p.zero_grad()
         for p in tables:
-            self._update_table(p, scale)
+            self._update_table(p, scale, lr_scale)
         self.updates += 1
 
-    def _update_table(self, p: LookupParameter, scale):
+    @property
+    def learning_rate_scale(self) -> float:
+        """The factor on every update (see the class docstring)."""
+        return self._lr_scale
+
+    @learning_rate_scale.setter
+    def learning_rate_scale(self, value) -> None:
+        self._lr_scale = _non_negative(value, f"{type(self).__name__}.learning_rate_scale")
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate of the next update, as in DyNet: the rate this trainer was made
+        with (a schedule's value at ``updates``) times ``learning_rate_scale``. Setting it
+        sets the scale. Only the convenience trainers know their rate; a ``Trainer`` made
+        from an Optax transform has ``learning_rate_scale`` alone."""
+        base = self._base_learning_rate
+        if base is None:
+            raise AttributeError(f"{type(self).__name__} was given an Optax transform, whose "
+                                 "learning rate it does not know; use learning_rate_scale")
+        if callable(base):
+            base = base(self.updates)
+        return float(base) * self._lr_scale
+
+    @learning_rate.setter
+    def learning_rate(self, value) -> None:
+        base = self._base_learning_rate
+        name = type(self).__name__
+        if base is None or callable(base) or float(base) == 0.0:
+            raise ValueError(f"{name}: cannot set learning_rate when the trainer's rate is "
+                             f"{'unknown' if base is None else base!r}; set "
+                             "learning_rate_scale instead")
+        self.learning_rate_scale = _non_negative(value, f"{name}.learning_rate") / float(base)
+
+    def _update_table(self, p: LookupParameter, scale, lr_scale):
         if not p._has_grad:
             return
         if p.touched is None:  # used as a whole somewhere: dense step for this table
             p._value, self._state[p.name] = self._dense_step(
-                p._value, p._grad, self._state[p.name], scale)
+                p._value, p._grad, self._state[p.name], scale, lr_scale)
             p.zero_grad()
             return
         rows = sorted(p.touched)
         padded = np.full(bucket(max(8, len(rows))), rows[0], np.int32)  # bounded compiles
         padded[: len(rows)] = rows
         p._value, self._state[p.name] = self._sparse_step(
-            p._value, p._grad, self._state[p.name], padded, scale)
+            p._value, p._grad, self._state[p.name], padded, scale, lr_scale)
         p._grad = self._zero_rows(p._grad, padded)  # reused in place
         p._has_grad = False
         p.touched = set()
@@ -161,11 +206,20 @@ class Trainer:
         return s
 
 
+def _non_negative(value, what: str) -> float:
+    """``value`` as a float, or a ValueError naming ``what`` unless finite and >= 0."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not (ok and np.isfinite(value) and value >= 0):
+        raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
 class SimpleSGDTrainer(Trainer):
     """Plain SGD: ``p -= learning_rate * grad`` (sparse updates are exact)."""
 
     def __init__(self, pc, learning_rate=0.1, **kwargs):
         super().__init__(pc, optax.sgd(learning_rate), **kwargs)
+        self._base_learning_rate = learning_rate
 
 
 class MomentumSGDTrainer(Trainer):
@@ -173,6 +227,7 @@ class MomentumSGDTrainer(Trainer):
 
     def __init__(self, pc, learning_rate=0.01, mom: float = 0.9, **kwargs):
         super().__init__(pc, optax.sgd(learning_rate, momentum=mom), **kwargs)
+        self._base_learning_rate = learning_rate
 
 
 class AdagradTrainer(Trainer):
@@ -180,6 +235,7 @@ class AdagradTrainer(Trainer):
 
     def __init__(self, pc, learning_rate=0.1, eps: float = 1e-20, **kwargs):
         super().__init__(pc, optax.adagrad(learning_rate, eps=eps), **kwargs)
+        self._base_learning_rate = learning_rate
 
 
 class AdamTrainer(Trainer):
@@ -188,6 +244,7 @@ class AdamTrainer(Trainer):
     def __init__(self, pc, alpha=1e-3, beta_1: float = 0.9, beta_2: float = 0.999,
                  eps: float = 1e-8, **kwargs):
         super().__init__(pc, optax.adam(alpha, beta_1, beta_2, eps), **kwargs)
+        self._base_learning_rate = alpha
 
 
 class RMSPropTrainer(Trainer):
@@ -196,3 +253,4 @@ class RMSPropTrainer(Trainer):
     def __init__(self, pc, learning_rate=0.001, decay: float = 0.9, eps: float = 1e-8,
                  **kwargs):
         super().__init__(pc, optax.rmsprop(learning_rate, decay=decay, eps=eps), **kwargs)
+        self._base_learning_rate = learning_rate

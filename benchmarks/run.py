@@ -3,7 +3,7 @@
 Run from the repository root::
 
     .venv/bin/python -m benchmarks.run [--task T ...] [--quick] [--strategies none,depth,agenda,hand]
-                                       [--cpu-threads N]
+                                       [--cpu-threads N] [--compilation-cache DIR]
 
 Per task (and per batch size of a task with ``BATCH_SIZES``): a fixed number of warm-up
 updates, then timed updates (``--quick``: a few of each, to check that things run); a table
@@ -11,7 +11,10 @@ of throughput, ratio to ``none`` and to the hand-batched baseline, compilations 
 the time split per update; ``benchmarks/results/<task>.csv`` and ``<task>.png``. At the end,
 a summary over all tasks and the speed targets, each marked met or missed. Ratios are
 always between systems measured in the same run. ``--cpu-threads N`` runs every system,
-the baseline included, with N XLA:CPU intra-op threads (``dx.set_cpu_threads``).
+the baseline included, with N XLA:CPU intra-op threads (``dx.set_cpu_threads``);
+``--compilation-cache DIR`` lets every system load compiled programs from JAX's persistent
+cache in DIR (``dx.set_compilation_cache``), so a second run's fresh rates count loads, not
+compilations.
 """
 from __future__ import annotations
 
@@ -147,12 +150,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=harness.RESULTS_DIR, help="directory for CSV and PNG")
     ap.add_argument("--cpu-threads", type=int, default=None,
                     help="XLA:CPU intra-op threads for every system (default: one per core)")
+    ap.add_argument("--compilation-cache", metavar="DIR", default=None,
+                    help="JAX's persistent compilation cache in DIR for every system "
+                         "(dx.set_compilation_cache): the fresh rates then count loads from it")
     args = ap.parse_args(argv)
-    if args.cpu_threads is not None:
-        try:
-            dx.set_cpu_threads(args.cpu_threads)  # before anything below touches a device
-        except (ValueError, RuntimeError) as e:
-            ap.error(str(e))
+    try:  # before anything below touches a device
+        if args.cpu_threads is not None:
+            dx.set_cpu_threads(args.cpu_threads)
+        if args.compilation_cache is not None:
+            dx.set_compilation_cache(args.compilation_cache)
+    except (ValueError, RuntimeError) as e:
+        ap.error(str(e))
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for s in strategies:
         if s not in harness.SYSTEMS:
@@ -162,7 +170,8 @@ def main(argv=None) -> dict:
     print(f"dynax benchmarks: tasks {', '.join(tasks)}; systems {', '.join(strategies)}; "
           f"{'quick' if args.quick else 'full'} run; jax {jax.__version__} on "
           f"{jax.devices()[0].platform}, {os.environ.get('PJRT_NPROC', 'default')} "
-          f"intra-op threads", flush=True)
+          f"intra-op threads; compilation cache "
+          f"{jax.config.jax_compilation_cache_dir or 'none'}", flush=True)
     all_results, default_batch = {}, {}
     for name in tasks:
         res = bench_task(name, strategies, args.quick, args.out)

@@ -25,30 +25,35 @@ def run_parser(doc: str, *, budget_covers: str, quick_is: str, train_size: int =
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--train-size", type=int, default=train_size)
     ap.add_argument("--test-size", type=int, default=test_size)
-    add_cpu_threads_flag(ap)
+    add_device_flags(ap)
     return ap
 
 
-def add_cpu_threads_flag(ap: argparse.ArgumentParser) -> None:
-    """``--cpu-threads N``, for ``apply_cpu_threads``."""
+def add_device_flags(ap: argparse.ArgumentParser) -> None:
+    """``--cpu-threads N`` and ``--compilation-cache DIR``, for ``apply_device_flags``."""
     ap.add_argument("--cpu-threads", type=int, default=None,
                     help="XLA:CPU threads per kernel (dx.set_cpu_threads; default: one per core)")
+    ap.add_argument("--compilation-cache", metavar="DIR", default=None,
+                    help="keep compiled kernels in DIR, so that a later run loads them "
+                         "(dx.set_compilation_cache)")
 
 
-def apply_cpu_threads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Apply ``--cpu-threads`` if given: an argparse error if it cannot take effect."""
-    if args.cpu_threads is not None:
-        try:
+def apply_device_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Apply the flags given: an argparse error if one cannot take effect."""
+    try:
+        if args.cpu_threads is not None:
             dx.set_cpu_threads(args.cpu_threads)  # only takes effect before any JAX work
-        except (ValueError, RuntimeError) as e:
-            ap.error(str(e))
+        if args.compilation_cache is not None:
+            dx.set_compilation_cache(args.compilation_cache)
+    except (ValueError, RuntimeError) as e:
+        ap.error(str(e))
 
 
 def parse_run_args(ap: argparse.ArgumentParser, argv, quick: dict) -> argparse.Namespace:
     """The parsed flags; with ``--quick``, ``quick``'s settings replace the defaults of every
     flag not given on the command line."""
     args = ap.parse_args(argv)
-    apply_cpu_threads(ap, args)
+    apply_device_flags(ap, args)
     if args.quick:
         defaults = vars(ap.parse_args([]))
         given = {k for k, v in vars(args).items() if v != defaults[k]}

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dynax as dx
-from _training import add_cpu_threads_flag, apply_cpu_threads
+from _training import add_device_flags, apply_device_flags
 
 # ============================================================================================
 # Data: the ListOps grammar, a seeded generator, an evaluator and a binariser.
@@ -290,9 +290,9 @@ def parse_args(argv=None):
     ap.add_argument("--log-every", type=int, default=25, help="updates between progress lines")
     ap.add_argument("--speed-batches", type=int, default=2,
                     help="minibatches timed for the none-vs-agenda comparison")
-    add_cpu_threads_flag(ap)
+    add_device_flags(ap)
     args = ap.parse_args(argv)
-    apply_cpu_threads(ap, args)
+    apply_device_flags(ap, args)
     return args
 
 

@@ -224,3 +224,11 @@ def test_cpu_threads_flag_refused_once_jax_runs(tagger, capsys):
     with pytest.raises(SystemExit):
         tagger.main(["--quick", "--cpu-threads", "1"])
     assert "before the first JAX computation" in capsys.readouterr().err
+
+
+def test_compilation_cache_flag_rejects_a_bad_path(tagger, capsys):
+    # an empty path is refused before anything runs (an argparse error naming the setter);
+    # the cache itself is tested in test_compilation_cache.py, in subprocesses
+    with pytest.raises(SystemExit):
+        tagger.main(["--quick", "--compilation-cache", ""])
+    assert "set_compilation_cache" in capsys.readouterr().err

@@ -63,6 +63,7 @@ class ComputationGraph:
         self.n_launches = 0  # forward kernel launches (a fused run of batches is one)
         self.n_plans_reused = 0  # forwards whose plan came from the executor's plan cache
         self.compiles0 = _compile_count()
+        self.cache_loads0 = _cache_load_count()
         self.seconds = {"build": 0.0, "schedule": 0.0, "forward": 0.0, "backward": 0.0}
         self._mark = time.perf_counter()
         self.engine = _engine()
@@ -229,9 +230,12 @@ class ComputationGraph:
     def stats(self) -> dict:
         """Counters of this graph: nodes, batches (groups of nodes run as one), launches
         (forward kernel launches: consecutive batches of one kernel run as one ``lax.scan``),
-        compiles, plans reused and seconds per phase."""
+        compiles (new XLA compilations since the graph was made, by any code of the process),
+        cache_loads (compiled kernels loaded from ``dx.set_compilation_cache``'s directory
+        instead), plans reused and seconds per phase."""
         return {"nodes": len(self.node_sig), "values": len(self.val_node),
                 "batches": self.n_batches, "compiles": _compile_count() - self.compiles0,
+                "cache_loads": _cache_load_count() - self.cache_loads0,
                 "launches": self.n_launches, "plans_reused": self.n_plans_reused,
                 "seconds": dict(self.seconds)}
 
@@ -282,24 +286,40 @@ def _engine():
 
 
 # ---- compile counting: every XLA backend compilation, process-wide ----------------------------
+# JAX reports a backend compile event for each executable it needs, loaded from its
+# persistent cache (``dx.set_compilation_cache``) or compiled; loads are counted apart.
 
-_compiles = [0]
+_counts = {"executables": 0, "cache_loads": 0}  # executables = compiled + loaded
 _lock = threading.Lock()
 
 
-def _on_event(name, *args, **kwargs):
+def _on_duration(name, *args, **kwargs):
     if name == "/jax/core/compile/backend_compile_duration":
         with _lock:
-            _compiles[0] += 1
+            _counts["executables"] += 1
+
+
+def _on_event(name, *args, **kwargs):
+    if name == "/jax/compilation_cache/cache_hits":
+        with _lock:
+            _counts["cache_loads"] += 1
 
 
 def _compile_count() -> int:
-    return _compiles[0]
+    """New XLA compilations so far in this process."""
+    with _lock:
+        return _counts["executables"] - _counts["cache_loads"]
+
+
+def _cache_load_count() -> int:
+    """Executables loaded from the persistent compilation cache so far in this process."""
+    return _counts["cache_loads"]
 
 
 def _install_listener():
     import jax.monitoring
-    jax.monitoring.register_event_duration_secs_listener(_on_event)
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+    jax.monitoring.register_event_listener(_on_event)
 
 
 _install_listener()

@@ -41,5 +41,6 @@ class InvalidArgumentError(_AtUserSite, DynaxError, ValueError):
     """An argument has an invalid value (an empty list, a probability outside [0, 1), ...)."""
 
 
-class ArgumentTypeError(_AtUserSite, DynaxError, TypeError):
-    """An argument has a type the operation does not accept."""
+class ArgumentTypeError(_AtUserSite, DynaxError, TypeError, ValueError):
+    """An argument has a type the operation does not accept (a ``TypeError``, and a
+    ``ValueError`` like every other construction error)."""

@@ -177,6 +177,8 @@ class ComputationGraph:
         checked = []
         for i, (x, hi) in enumerate(zip(ints, sig.bounds)):
             try:
+                if isinstance(x, (bool, np.bool_)):  # an int to Python, never an index here
+                    raise TypeError
                 x = operator.index(x)
             except TypeError:
                 raise IndexOutOfRangeError(

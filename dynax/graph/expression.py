@@ -50,13 +50,14 @@ class Expression(Operators):
         return self
 
     def npvalue(self) -> np.ndarray:
-        """The value as a ``numpy.ndarray``."""
-        return self.g.read(self.v)
+        """The value as a ``numpy.ndarray`` (the caller's own copy, writable)."""
+        return np.array(self.g.read(self.v))
 
     def value(self):
-        """The value: a Python float when it has one element, else a ``numpy.ndarray``."""
+        """The value: a Python float when it has one element, else a ``numpy.ndarray`` (a
+        copy, as ``npvalue``)."""
         a = self.g.read(self.v)
-        return float(a.reshape(())) if a.size == 1 else a
+        return float(a.reshape(())) if a.size == 1 else np.array(a)
 
     def scalar_value(self) -> float:
         """The value of a one-element expression as a Python float."""
@@ -76,6 +77,16 @@ class Expression(Operators):
     # ---- operators (``+ - * / @`` and unary ``-`` come from ``Operators``) -----------------
     def __getitem__(self, i):
         return _ops.pick(self, i)
+
+    # Not a sequence: iterating would add a pick node per element behind the user's back
+    # (``dx.esum(e)`` for ``dx.esum([e])``, ``np.asarray([e1, e2])``).
+    def __iter__(self):
+        raise TypeError("an Expression is not iterable: pick elements with e[i], or give "
+                        "list operations a list of Expressions")
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("an Expression is not an array: read its value with e.npvalue(), "
+                        "or combine Expressions with dx operations")
 
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 

@@ -21,11 +21,29 @@ from ..operators import Operators
 INITS = ("glorot", "normal", "uniform", "zeros", "ones")
 
 
+def _real_array(value, what: str) -> np.ndarray:
+    """``value`` as a float32 NumPy array; a clear error for non-real data."""
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"{what}: cannot make an array of "
+                                   f"{type(value).__name__} ({e})") from None
+    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+            or arr.dtype == np.bool_):
+        raise InvalidArgumentError(f"{what}: expected real numbers, got dtype {arr.dtype} "
+                                   f"(shape {arr.shape})")
+    return arr.astype(np.float32)
+
+
 def _init_array(init, key, shape, dtype):
     if callable(init) and not isinstance(init, (np.ndarray, jax.Array)):
-        return jnp.asarray(init(key, shape), dtype)
+        arr = _real_array(init(key, shape), "add_parameters: init callable's result")
+        if arr.shape != tuple(shape):
+            raise InvalidArgumentError(f"add_parameters: init callable returned shape "
+                                       f"{arr.shape}, expected {tuple(shape)}")
+        return jnp.asarray(arr)  # a new array: the parameter never shares the caller's
     if isinstance(init, (np.ndarray, jax.Array, list, tuple)):
-        arr = np.asarray(init, dtype)
+        arr = _real_array(init, "add_parameters: init array")
         if arr.shape != tuple(shape):
             raise InvalidArgumentError(f"add_parameters: init array has shape {arr.shape}, "
                                        f"expected {tuple(shape)}")
@@ -71,14 +89,15 @@ class Parameter(Operators):
 
     def set_value(self, array) -> None:
         """Replace the value with ``array`` (same shape)."""
-        arr = np.asarray(array, self.dtype)
+        arr = _real_array(array, f"set_value of {self.name}")
         if arr.shape != self.shape:
             raise InvalidArgumentError(
                 f"set_value: {self.name} has shape {self.shape}, got {arr.shape}")
         self._value = jax.device_put(arr, get_device())
 
     def npvalue(self) -> np.ndarray:
-        return np.asarray(self._value)
+        """A NumPy copy of the current value."""
+        return np.array(self._value)
 
     @property
     def grad(self) -> jax.Array:
@@ -116,11 +135,20 @@ ALL_ROWS = None  # marker: every row of a lookup table may have a gradient
 class LookupParameter(Parameter):
     """A table of vectors; ``E[i]`` / ``dx.lookup(E, i)`` reads row ``i``."""
 
-    __slots__ = ("touched",)
+    __slots__ = ("touched", "_exported")
 
     def __init__(self, name, value):
         super().__init__(name, value)
         self.touched: set | None = set()  # rows used since the last update; None = all
+        # Trainers update tables in place (the old array is donated); once the user holds
+        # the current array (``value``), the next update works on a copy instead.
+        self._exported = False
+
+    @property
+    def value(self) -> jax.Array:
+        """The current array (stays valid: the next update leaves it alone)."""
+        self._exported = True
+        return self._value
 
     def __getitem__(self, i):
         return _ops.lookup(self, i)
@@ -169,13 +197,21 @@ class ParameterCollection:
         return full
 
     def _add(self, cls, shape, init, name, kind):
-        if isinstance(shape, int):
+        if isinstance(shape, (int, np.integer)):
             shape = (shape,)
+        ok = isinstance(shape, (tuple, list)) and all(
+            isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in shape)
+        if not ok or not shape or any(s <= 0 for s in shape):
+            raise InvalidArgumentError(f"add_parameters: invalid shape {shape!r}; expected "
+                                       "a tuple of positive ints")
         shape = tuple(int(s) for s in shape)
-        if any(s <= 0 for s in shape) or not shape:
-            raise InvalidArgumentError(f"add_parameters: invalid shape {shape}")
         full = self._unique_name(name, kind)
-        value = _init_array(init, self._next_key(), shape, jnp.float32)
+        counter = self._root._counter
+        try:
+            value = _init_array(init, self._next_key(), shape, jnp.float32)
+        except BaseException:
+            self._root._counter = counter  # a failed call draws no key: later inits unchanged
+            raise
         p = cls(full, jax.device_put(value, get_device()))
         self._root._params.append(p)
         self._root._names[full] = p
@@ -191,7 +227,13 @@ class ParameterCollection:
         return self._add(LookupParameter, shape, init, name, "lookup")
 
     def add_subcollection(self, name: str) -> "ParameterCollection":
-        """A child collection whose parameters are named ``name/...`` (same store)."""
+        """A child collection whose parameters are named ``name/...`` (same store).
+
+        A view of that namespace: the same name twice gives views of one namespace (the
+        builders take fresh names, ``lstm``, ``lstm_1``, ...)."""
+        if not isinstance(name, str) or not re.fullmatch(r"[\w.-][\w./-]*", name):
+            raise InvalidArgumentError(f"add_subcollection: name {name!r} must be non-empty "
+                                       "and contain only letters, digits, _ . / -")
         return ParameterCollection(_root=self._root, _prefix=f"{self._prefix}{name}/")
 
     def parameters(self) -> list[Parameter]:

@@ -116,7 +116,7 @@ def _commit(staged) -> None:
 
 def save_parameters(params, path, strip: str = "") -> None:
     """Write ``params`` keyed by their names with the prefix ``strip`` removed."""
-    _write_npz({p.name[len(strip):]: np.asarray(p.value) for p in params}, path)
+    _write_npz({p.name[len(strip):]: np.asarray(p._value) for p in params}, path)
 
 
 def populate_parameters(params, path, strip: str = "") -> None:
@@ -181,7 +181,7 @@ def save(path, objects) -> None:
         prefixes.append(prefix)
         kinds.append(COLLECTION if isinstance(obj, ParameterCollection) else type(obj).__name__)
         for p in params:
-            arrays[f"{i}{SEP}{p.name[len(prefix):]}"] = np.asarray(p.value)
+            arrays[f"{i}{SEP}{p.name[len(prefix):]}"] = np.asarray(p._value)
     arrays[OBJECTS_KEY] = np.asarray(prefixes, dtype=str)
     arrays[KINDS_KEY] = np.asarray(kinds, dtype=str)
     _write_npz(arrays, path)

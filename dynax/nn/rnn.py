@@ -115,8 +115,10 @@ class RNNState:
             inp = out[-1]
         return RNNState(b, tuple(new), self)
 
+    @ops.atomic
     def add_inputs(self, xs) -> list["RNNState"]:
-        """The states after each input of ``xs`` in turn."""
+        """The states after each input of ``xs`` in turn (all or nothing: if one input is
+        bad, the steps already added are removed again)."""
         states, s = [], self
         for x in xs:
             s = s.add_input(x)
@@ -288,8 +290,9 @@ class BiRNNBuilder:
             fwd.disable_dropout()
             bwd.disable_dropout()
 
+    @ops.atomic
     def add_inputs(self, xs) -> list[tuple[RNNState, RNNState]]:
-        """Per position, the (forward, backward) states of the top layer."""
+        """Per position, the (forward, backward) states of the top layer (all or nothing)."""
         xs = list(xs)
         if not xs:
             return []

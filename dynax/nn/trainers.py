@@ -55,8 +55,8 @@ class Trainer:
         self._names: tuple = ()
         self._state: dict = {}  # group name -> optax state
         self._dense_step = jax.jit(self._apply, donate_argnums=(2,))
-        # The table, its gradient and its state are updated in place (donated): a table's
-        # old ``value`` array is invalid after an update (read ``p.value`` again).
+        # The table, its gradient and its state are updated in place (donated); a table
+        # whose ``value`` the user has read is copied first (``LookupParameter.value``).
         self._sparse_step = jax.jit(self._apply_rows, donate_argnums=(0, 2))
         # zeroing the used gradient rows in place is its own kernel: inside the step, XLA
         # copied the whole gradient table twice to order the read before the write
@@ -189,6 +189,9 @@ class Trainer:
                 p._value, p._grad, self._state[p.name], scale, lr_scale)
             p.zero_grad()
             return
+        if p._exported:  # the user holds the current array: update a copy, not it
+            p._value = jnp.array(p._value, copy=True)
+            p._exported = False
         rows = sorted(p.touched)
         padded = np.full(bucket(max(8, len(rows))), rows[0], np.int32)  # bounded compiles
         padded[: len(rows)] = rows

@@ -98,6 +98,22 @@ def _one(x, opname):
     return k, item
 
 
+def _single(op, x, rest_kinds: str, rest):
+    """One node of ``op`` over tensor ``x`` and the int/static ``rest``."""
+    t = type(x)
+    if t is Expression:
+        return _node(op, "v" + rest_kinds, [x, *rest])
+    if t in _PARAMETER_TYPES:
+        return _node(op, "p" + rest_kinds, [x, *rest])
+    return _single_general(op, x, rest_kinds, rest)
+
+
+@atomic
+def _single_general(op, x, rest_kinds, rest):
+    k, x = _one(x, op.name)  # an array becomes a constant: removed again if the node fails
+    return _node(op, k + rest_kinds, [x, *rest])
+
+
 def _shape(a):
     return () if not hasattr(a, "shape") else tuple(a.shape)
 
@@ -157,7 +173,11 @@ def input(value) -> Expression:  # noqa: A001  (DyNet's name)
 
     Non-finite entries are allowed; non-numeric, complex and object dtypes are not.
     """
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as e:  # ragged lists, Expressions inside a list, ...
+        raise DTypeError(f"input: cannot make an array of {type(value).__name__} ({e})"
+                         ) from None
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating)
                                    or np.issubdtype(arr.dtype, np.integer)
                                    or arr.dtype == np.bool_):
@@ -315,11 +335,11 @@ def dropout(x, p: float):
     draws its mask from a key derived from the graph's seed and its node id, so a fixed seed
     reproduces the masks and batching does not change them.
     """
-    if not 0.0 <= p < 1.0:
-        raise InvalidArgumentError(f"dropout: p must be in [0, 1), got {p}")
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
+        raise InvalidArgumentError(f"dropout: p must be a number in [0, 1), got {p!r}")
     g = current_graph()
     if p == 0.0 or not g.train:
-        return x if isinstance(x, Expression) else _apply(IDENTITY, x)
+        return _as_expression(x, "dropout")
     k, x = _one(x, "dropout")
     return _node(DROPOUT, k + "iis", [x, g.seed, len(g.node_sig), float(p)])
 
@@ -419,12 +439,15 @@ def concatenate(xs, d: int = 0):
 
 @atomic
 def _concatenate(xs, d):
-    xs = list(xs)
-    if not xs:
-        raise InvalidArgumentError("concatenate: empty list")
-    if len(xs) == 1:
-        return xs[0]
     items = _list_args(xs, "concatenate")
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+        raise ArgumentTypeError(f"concatenate: axis d must be an int, got {d!r}")
+    if len(items) == 1:
+        nd = len(_shape(items[0]))
+        if not 0 <= d < max(nd, 1):
+            raise ShapeError(f"concatenate: axis d={d} invalid for shapes "
+                             f"[{_shape(items[0])}]")
+        return _as_expression(items[0], "concatenate")
     kinds = "".join("v" if type(x) is Expression else "p" for x in items)
     return _node(CONCAT, kinds + "s", items + [int(d)])
 
@@ -440,8 +463,7 @@ PICK = OpDef("pick", lambda x, i: x[i], CHEAP, index_bounds=_first_dim_bound,
 
 def pick(x, i):
     """Element ``i`` of a vector (row ``i`` of a matrix)."""
-    k, x = _one(x, "pick")
-    return _node(PICK, k + "i", [x, i])
+    return _single(PICK, x, "i", (i,))
 
 
 def _check_reshape(avals, statics):
@@ -457,8 +479,7 @@ RESHAPE = OpDef("reshape", lambda x, shape: jnp.reshape(x, shape), CHEAP, check=
 def reshape(x, shape):
     """The same elements in a new shape."""
     shape = (int(shape),) if isinstance(shape, numbers.Integral) else tuple(int(s) for s in shape)
-    k, x = _one(x, "reshape")
-    return _node(RESHAPE, k + "s", [x, shape])
+    return _single(RESHAPE, x, "s", (shape,))
 
 
 def _bucket(n: int) -> int:
@@ -476,10 +497,23 @@ ESUM = OpDef("esum", lambda *xs: jnp.sum(_stack(xs), axis=0), CHEAP, check=_all_
 AVERAGE = OpDef("average", lambda *a: jnp.sum(_stack(a[:-1]), axis=0) / a[-1], CHEAP,
                 check=lambda av, st: _all_same("average")(av[:-1], st),
                 index_bounds=lambda avals: (INDEX_LIMIT,))  # the count of the original list
-EMAX = OpDef("emax", lambda *xs: jnp.max(_stack(xs), axis=0), CHEAP, check=_all_same("emax"))
+def _emax(*a):
+    """Max over the first ``n`` items (``a[-1]``); the padding is masked out, so ties split
+    the gradient among the real items only, as ``jnp.max`` does."""
+    xs, n = _stack(a[:-1]), a[-1]
+    real = (jnp.arange(xs.shape[0]) < n).reshape((-1,) + (1,) * (xs.ndim - 1))
+    return jnp.max(jnp.where(real, xs, -jnp.inf), axis=0)
+
+
+EMAX = OpDef("emax", _emax, CHEAP, check=lambda av, st: _all_same("emax")(av[:-1], st),
+             index_bounds=lambda avals: (INDEX_LIMIT,))  # the count of real items
 
 
 def _list_args(xs, opname):
+    if isinstance(xs, (Expression, Parameter, np.ndarray, jax.Array)) or not hasattr(
+            xs, "__iter__"):
+        raise ArgumentTypeError(f"{opname}: expected a list of expressions, got "
+                                f"{type(xs).__name__}")
     xs = list(xs)
     if not xs:
         raise InvalidArgumentError(f"{opname}: empty list")
@@ -515,6 +549,17 @@ def _chunked(op, xs, pad_of):
     return xs
 
 
+def _as_expression(x, opname):
+    """``x`` (an Expression, a Parameter or an array) as an Expression of the current graph."""
+    if type(x) is Expression:
+        x.g.check_alive()
+        if x.g is not current_graph():
+            raise ArgumentTypeError(f"{opname}: the expression belongs to another graph")
+        return x
+    k, item = _one(x, opname)
+    return item if k == "v" else _apply(IDENTITY, item)
+
+
 def _zero_like(xs):
     g = current_graph()
     return Expression(g, g.zero_constant(akey_of(xs[0].shape, FLOAT)))
@@ -525,7 +570,7 @@ def esum(xs):
     """Sum of a list of expressions of one shape."""
     xs = _chunked(ESUM, _list_args(xs, "esum"), _zero_like)
     if len(xs) == 1:
-        return xs[0]
+        return _as_expression(xs[0], "esum")
     return _padded(ESUM, xs, _zero_like(xs))
 
 
@@ -541,10 +586,18 @@ def average(xs):
 @atomic
 def emax(xs):
     """Elementwise maximum of a list of expressions of one shape."""
-    xs = _chunked(EMAX, _list_args(xs, "emax"), lambda chunk: chunk[0])
+    xs = _list_args(xs, "emax")
+    while len(xs) > MAX_LIST:  # in chunks, as _chunked does, each chunk with its count
+        xs = [_emax_node(xs[i:i + MAX_LIST]) for i in range(0, len(xs), MAX_LIST)]
+    if len(xs) == 1:
+        return _as_expression(xs[0], "emax")
+    return _emax_node(xs)
+
+
+def _emax_node(xs):
     if len(xs) == 1:
         return xs[0]
-    return _padded(EMAX, xs, xs[0])
+    return _padded(EMAX, xs, _zero_like(xs), "i", (len(xs),))
 
 
 SUM_ELEMS = OpDef("sum_elems", jnp.sum, CHEAP)
@@ -578,8 +631,7 @@ PNLS = OpDef("pickneglogsoftmax", lambda x, i: -jax.nn.log_softmax(x)[i], CHEAP,
 
 def pickneglogsoftmax(x, label):
     """``-log_softmax(x)[label]``: the cross-entropy loss of one label."""
-    k, x = _one(x, "pickneglogsoftmax")
-    return _node(PNLS, k + "i", [x, label])
+    return _single(PNLS, x, "i", (label,))
 
 
 SQDIST = OpDef("squared_distance", lambda a, b: jnp.sum(jnp.square(a - b)), CHEAP,
@@ -613,8 +665,7 @@ HINGE = OpDef("hinge", _hinge, CHEAP, check=_vector("hinge"), index_bounds=_firs
 
 def hinge(x, label, margin: float = 1.0):
     """Multi-class hinge loss ``sum_{j != label} max(0, margin - x[label] + x[j])``."""
-    k, x = _one(x, "hinge")
-    return _node(HINGE, k + "is", [x, label, float(margin)])
+    return _single(HINGE, x, "is", (label, float(margin)))
 
 
 # ---- lookup ----------------------------------------------------------------------------------
@@ -625,8 +676,9 @@ LOOKUP = OpDef("lookup", lambda E, i: E[i], CHEAP, row_gather=True,
 
 def lookup(E, i):
     """Row ``i`` of a lookup parameter (``E[i]``)."""
-    if type(E) not in _PARAMETER_TYPES:
-        _one(E, "lookup")
+    if type(E) not in _PARAMETER_TYPES and not isinstance(E, Parameter):
+        raise ArgumentTypeError(f"lookup: the table must be a LookupParameter (or a "
+                                f"Parameter), got {type(E).__name__}")
     return _node(LOOKUP, "pi", (E, i))
 
 

@@ -1,0 +1,210 @@
+"""Edges of the API contract (found by an audit in session 16): what a DyNet or JAX user
+expects where API.md is brief. All but a few neighbouring cases (one-item ``average``, the
+BiRNN builder, a chunked ``emax``) failed before their fixes."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dynax as dx
+
+from reference import STRATEGIES
+
+
+def counts(cg):
+    st = cg.stats()
+    return st["nodes"], st["values"]
+
+
+# ---- list operations always return an Expression of the current graph ---------------------------
+
+@pytest.mark.parametrize("op", [dx.esum, dx.emax, dx.average, dx.concatenate])
+def test_one_item_lists_give_an_expression(op):
+    pc = dx.ParameterCollection(seed=0)
+    A = pc.add_parameters((3,), name="A")
+    dx.renew_cg()
+    for item, want in ((A, np.asarray(A.value)), (np.arange(3.0), np.arange(3.0))):
+        e = op([item])
+        assert isinstance(e, dx.Expression)
+        np.testing.assert_allclose(e.npvalue(), want, rtol=1e-6)
+    dx.sum_elems(op([A])).backward()  # a Parameter's gradient flows through it
+    np.testing.assert_allclose(A.grad, np.ones(3))
+
+
+def test_one_item_shortcuts_check_the_item():
+    dx.renew_cg()
+    x = dx.input(np.ones(4))
+    with pytest.raises(dx.ShapeError, match="axis d=3"):
+        dx.concatenate([x], d=3)
+    dx.renew_cg()
+    for op in (lambda: dx.esum([x]), lambda: dx.emax([x]), lambda: dx.concatenate([x]),
+               lambda: dx.dropout(x, 0.0)):
+        with pytest.raises(dx.StaleExpressionError):
+            op()
+
+
+@pytest.mark.parametrize("op", [dx.esum, dx.emax, dx.average])
+def test_an_expression_is_not_a_list(op):
+    cg = dx.renew_cg()
+    x = dx.input(np.ones(4))
+    before = counts(cg)
+    with pytest.raises(ValueError, match="expected a list"):
+        op(x)
+    assert counts(cg) == before
+
+
+def test_expressions_are_not_sequences_or_arrays():
+    cg = dx.renew_cg()
+    x = dx.input(np.ones(4))
+    before = counts(cg)
+    with pytest.raises(TypeError, match="not iterable"):
+        list(x)
+    with pytest.raises(TypeError, match="not an array"):
+        np.asarray(x)
+    with pytest.raises(dx.DTypeError, match="input"):
+        dx.input([x, x])
+    assert counts(cg) == before
+    # numpy scalars on either side still build nodes
+    np.testing.assert_allclose((np.float32(2) * x + np.float64(1)).npvalue(), 3 * np.ones(4))
+
+
+# ---- bad arguments are refused and change nothing ----------------------------------------------
+
+def test_lookup_needs_a_table():
+    cg = dx.renew_cg()
+    x = dx.input(np.arange(4.0))
+    before = counts(cg)
+    for table in (x, np.ones((3, 3))):
+        with pytest.raises(ValueError, match="lookup: the table must be"):
+            dx.lookup(table, 2)
+    assert counts(cg) == before
+    assert x.value()[2] == 2.0  # the graph still computes
+
+
+def test_booleans_are_not_indices():
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((5, 2), name="E")
+    dx.renew_cg()
+    x = dx.input(np.arange(4.0))
+    for op in (lambda: dx.pick(x, True), lambda: E[True], lambda: dx.pickneglogsoftmax(x, False)):
+        with pytest.raises(dx.IndexOutOfRangeError, match="index must be an integer"):
+            op()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: dx.pick(np.ones(3), 5),
+    lambda: dx.pickneglogsoftmax(np.ones(4), 9),
+    lambda: dx.hinge(np.ones(4), 9),
+    lambda: dx.reshape(np.ones(4), (3,)),
+])
+def test_failed_ops_on_arrays_leave_no_constant(call):
+    cg = dx.renew_cg()
+    before = counts(cg)
+    with pytest.raises(ValueError):
+        call()
+    assert counts(cg) == before
+
+
+@pytest.mark.parametrize("make", [
+    lambda pc: dx.nn.LSTMBuilder(2, 4, 6, pc).initial_state(),
+    lambda pc: dx.nn.BiRNNBuilder(2, 4, 6, pc),
+])
+def test_builders_add_all_inputs_or_none(make):
+    pc = dx.ParameterCollection(seed=0)
+    cg = dx.renew_cg()
+    rnn = make(pc)
+    ok, bad = dx.input(np.ones(4)), dx.input(np.ones(5))
+    before = counts(cg)
+    with pytest.raises(dx.ShapeError):
+        rnn.transduce([ok, ok, bad])
+    assert counts(cg) == before
+
+
+def test_dropout_rate_must_be_a_number():
+    dx.renew_cg()
+    for p in ("0.5", None, True, 1.0, -0.1):
+        with pytest.raises(dx.InvalidArgumentError, match="dropout"):
+            dx.dropout(dx.input(np.ones(3)), p)
+
+
+# ---- parameters ----------------------------------------------------------------------------------
+
+def test_bad_initialisers_are_refused_without_drawing_a_key():
+    a, b = dx.ParameterCollection(seed=3), dx.ParameterCollection(seed=3)
+    bad = [((3,), np.ones(4)), ((2, 3), lambda k, s: jnp.ones((5,))),
+           ((2,), np.array(["a", "b"])), ((2,), np.array([1 + 1j, 2])), ((2.5, 3), "glorot"),
+           ((0, 3), "glorot")]
+    for shape, init in bad:
+        with pytest.raises(dx.InvalidArgumentError, match="add_parameters"):
+            a.add_parameters(shape, init=init)
+    assert a.parameters() == []
+    # the failed calls drew no key: the next parameter is the one a clean collection makes
+    np.testing.assert_array_equal(a.add_parameters((3, 2)).value, b.add_parameters((3, 2)).value)
+    W = b.parameters()[0]
+    with pytest.raises(dx.InvalidArgumentError, match="set_value"):
+        W.set_value(np.array([["a", "b"]] * 3))
+
+
+@pytest.mark.parametrize("name", ["", "a b", 3])
+def test_bad_subcollection_names_are_refused(name):
+    with pytest.raises(dx.InvalidArgumentError, match="add_subcollection"):
+        dx.ParameterCollection().add_subcollection(name)
+
+
+def test_arrays_the_user_holds_survive_an_update():
+    """Tables are updated in place (donated); an array the user took from the table, or gave
+    it through a callable init, stays valid and unchanged."""
+    G = jnp.ones((6, 4))
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((6, 4), init=lambda key, shape: G, name="E")
+    trainer = dx.SimpleSGDTrainer(pc, learning_rate=0.5)
+
+    def step():
+        dx.renew_cg()
+        dx.sum_elems(E[1]).backward()
+        trainer.update()
+
+    step()
+    held = E.value
+    held_copy = np.array(held)
+    step()
+    np.testing.assert_array_equal(np.asarray(held), held_copy)  # still readable, unchanged
+    np.testing.assert_array_equal(np.asarray(G), np.ones((6, 4)))
+    np.testing.assert_allclose(np.asarray(E.value)[1], held_copy[1] - 0.5)
+    # a loop that does not read the table keeps updating it in place (no copy per update)
+    step()  # (the line above read E.value: this update works on a copy)
+    pointer = E._value.unsafe_buffer_pointer()
+    step()
+    assert E._value.unsafe_buffer_pointer() == pointer
+
+
+def test_values_read_are_the_callers_own_copies():
+    dx.renew_cg()
+    x = dx.input(np.arange(4.0)) * 2.0
+    dx.forward([x])
+    v = x.npvalue()
+    v[0] = 99.0  # writable, as in DyNet, and it does not change what x reads
+    assert x.npvalue()[0] == 0.0
+    w = x.value()
+    w[1] = 99.0
+    assert x.value()[1] == 2.0
+
+
+# ---- emax splits tied gradients as jnp.max does ------------------------------------------------
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("n", [3, 20])  # 20: reduced in chunks of 16
+def test_emax_ties_match_jax_grad(strategy, n):
+    pc = dx.ParameterCollection(seed=0)
+    vals = [np.ones(3), np.ones(3)] + [np.zeros(3)] * (n - 2)
+    ps = [pc.add_parameters((3,), init=v, name=f"p{i}") for i, v in enumerate(vals)]
+    dx.renew_cg(autobatch=strategy)
+    y = dx.sum_elems(dx.emax(ps))
+    y.backward()
+    want = jax.grad(lambda xs: jnp.sum(jnp.max(jnp.stack(xs), axis=0)))(
+        [jnp.asarray(v, jnp.float32) for v in vals])
+    assert y.value() == pytest.approx(3.0)
+    for p, g in zip(ps, want):
+        np.testing.assert_allclose(p.grad, g, rtol=1e-6, atol=1e-7, err_msg=p.name)

@@ -208,3 +208,29 @@ def test_emax_ties_match_jax_grad(strategy, n):
     assert y.value() == pytest.approx(3.0)
     for p, g in zip(ps, want):
         np.testing.assert_allclose(p.grad, g, rtol=1e-6, atol=1e-7, err_msg=p.name)
+
+
+# ---- NumPy spellings -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_reshape_infers_one_dimension_and_concatenate_counts_axes_from_the_end(strategy):
+    pc = dx.ParameterCollection(seed=0)
+    M = pc.add_parameters((2, 3), name="M")
+    dx.renew_cg(autobatch=strategy)
+    flat = dx.reshape(M, (-1,))
+    assert flat.shape == (6,)
+    assert dx.reshape(M, (3, -1)).shape == (3, 2)
+    both = dx.concatenate([M, M * 2.0], d=-1)
+    assert both.shape == (2, 6)
+    m = np.asarray(M.value)
+    np.testing.assert_allclose(both.npvalue(), np.concatenate([m, 2 * m], axis=-1), rtol=1e-6)
+    y = dx.sum_elems(dx.cmult(flat, dx.input(np.arange(6.0)))) + dx.sum_elems(both)
+    y.backward()
+    want = jax.grad(lambda w: jnp.sum(w.reshape(-1) * jnp.arange(6.0))
+                    + jnp.sum(jnp.concatenate([w, 2 * w], -1)))(jnp.asarray(m))
+    np.testing.assert_allclose(M.grad, want, rtol=1e-6)
+    for bad in ((-1, -1), (4, -1), (-2, 3), (0, -1)):
+        with pytest.raises(dx.ShapeError, match="reshape"):
+            dx.reshape(M, bad)
+    with pytest.raises(dx.ShapeError, match="concatenate"):
+        dx.concatenate([M, M], d=-3)

@@ -431,7 +431,7 @@ CONCAT = OpDef("concatenate", lambda *a: jnp.concatenate(a[:-1], axis=a[-1]), CH
 
 def concatenate(xs, d: int = 0):
     """Concatenate a list of expressions along axis ``d``."""
-    if type(xs) is list and len(xs) > 1 and type(d) is int \
+    if type(xs) is list and len(xs) > 1 and type(d) is int and d >= 0 \
             and all(type(x) is Expression for x in xs):  # fast path: one node, nothing to undo
         return _node(CONCAT, "v" * len(xs) + "s", xs + [d])
     return _concatenate(xs, d)
@@ -442,6 +442,8 @@ def _concatenate(xs, d):
     items = _list_args(xs, "concatenate")
     if isinstance(d, bool) or not isinstance(d, numbers.Integral):
         raise ArgumentTypeError(f"concatenate: axis d must be an int, got {d!r}")
+    if d < 0:  # counted from the end, as in NumPy
+        d += len(_shape(items[0]))
     if len(items) == 1:
         nd = len(_shape(items[0]))
         if not 0 <= d < max(nd, 1):
@@ -477,9 +479,20 @@ RESHAPE = OpDef("reshape", lambda x, shape: jnp.reshape(x, shape), CHEAP, check=
 
 
 def reshape(x, shape):
-    """The same elements in a new shape."""
+    """The same elements in a new shape; one dimension may be -1 (inferred, as in NumPy)."""
     shape = (int(shape),) if isinstance(shape, numbers.Integral) else tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        shape = _infer_dim(_shape(x), shape)
     return _single(RESHAPE, x, "s", (shape,))
+
+
+def _infer_dim(src, shape):
+    """``shape`` with its one -1 replaced by what makes it hold ``src``'s elements."""
+    known = int(np.prod([s for s in shape if s >= 0]))
+    size = int(np.prod(src))
+    if shape.count(-1) != 1 or any(s < -1 for s in shape) or known == 0 or size % known:
+        raise ShapeError(f"reshape: cannot reshape {src} ({size} elements) to {shape}")
+    return tuple(size // known if s == -1 else s for s in shape)
 
 
 def _bucket(n: int) -> int:

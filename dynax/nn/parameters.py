@@ -8,7 +8,6 @@ which rows were used so trainers can update only those.
 from __future__ import annotations
 
 import re
-from typing import Callable
 
 import jax
 import jax.numpy as jnp

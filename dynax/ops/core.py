@@ -510,6 +510,8 @@ ESUM = OpDef("esum", lambda *xs: jnp.sum(_stack(xs), axis=0), CHEAP, check=_all_
 AVERAGE = OpDef("average", lambda *a: jnp.sum(_stack(a[:-1]), axis=0) / a[-1], CHEAP,
                 check=lambda av, st: _all_same("average")(av[:-1], st),
                 index_bounds=lambda avals: (INDEX_LIMIT,))  # the count of the original list
+
+
 def _emax(*a):
     """Max over the first ``n`` items (``a[-1]``); the padding is masked out, so ties split
     the gradient among the real items only, as ``jnp.max`` does."""

@@ -16,7 +16,7 @@ so no op has a hand-written shape rule and the cost is paid once per signature.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np

@@ -234,3 +234,126 @@ def test_reshape_infers_one_dimension_and_concatenate_counts_axes_from_the_end(s
             dx.reshape(M, bad)
     with pytest.raises(dx.ShapeError, match="concatenate"):
         dx.concatenate([M, M], d=-3)
+
+
+# ---- second audit (session 16): functions, builders, threads, arguments -------------------------
+
+def test_signatures_and_shapes_interned_from_two_threads_stay_distinct():
+    """Two threads making new signatures (and shapes) at once: every one keeps its own id,
+    so no two signatures can batch together. Without the lock, duplicate ids appeared
+    (12-18 in 4,000 with this switch interval)."""
+    import sys
+    import threading
+    from dynax.ops.registry import AKEY_AVAL, SIGNATURES
+
+    start = len(SIGNATURES)
+
+    def work(offset):
+        dx.renew_cg()
+        for n in range(offset, 2000, 2):
+            x = dx.input(np.ones((n % 7 + 700, 1 + n % 3), np.float32))
+            dx.cmult(x, float(n) + 0.5)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    new = SIGNATURES[start:]
+    assert len(new) >= 2000
+    assert [s.sid for s in new] == list(range(start, start + len(new)))
+    for s in new:  # each signature's input shape is the one its value was interned with
+        (akey,) = s.in_akeys
+        assert AKEY_AVAL[akey].shape[0] in range(700, 707)
+
+
+def test_integer_outputs_of_a_function_are_refused():
+    @dx.function
+    def with_argmax(x, W):
+        y = jnp.tanh(W @ x)
+        return y, jnp.argmax(y)
+
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 4), name="W")
+    cg = dx.renew_cg()
+    x = dx.input(np.ones(4))
+    before = counts(cg)
+    with pytest.raises(dx.ArgumentTypeError, match="floating-point.*int32"):
+        with_argmax(x, W)
+    assert counts(cg) == before
+
+
+def test_errors_inside_a_function_reach_the_user_as_they_are():
+    @dx.function
+    def typo(x):
+        return jnpp.tanh(x)  # noqa: F821  (the bug under test)
+
+    @dx.function
+    def bad_shapes(x, W):
+        return W @ x
+
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 5), name="W")
+    cg = dx.renew_cg()
+    x = dx.input(np.ones(4))
+    with pytest.raises(NameError, match="jnpp"):
+        typo(x)
+    with pytest.raises(dx.ShapeError, match="bad_shapes") as err:
+        bad_shapes(x, W)
+    assert err.value.__cause__ is not None  # JAX's full explanation stays in the chain
+    assert counts(cg) == (0, 1)
+    assert float(dx.sum_elems(x).value()) == 4.0
+
+
+def test_functions_take_keywords_in_plain_calls():
+    @dx.function
+    def scaled(x, scale=1.0):
+        return jnp.tanh(x) * scale
+
+    np.testing.assert_allclose(scaled(jnp.ones(3), scale=3.0), 3 * np.tanh(np.ones(3)), rtol=1e-6)
+    dx.renew_cg()
+    with pytest.raises(dx.ArgumentTypeError, match="positional"):
+        scaled(dx.input(np.ones(3)), scale=3.0)
+
+
+def test_failed_builder_calls_leave_no_constant():
+    pc = dx.ParameterCollection(seed=0)
+    lstm = dx.nn.LSTMBuilder(1, 4, 3, pc)
+    tree = dx.nn.TreeLSTMBuilder(4, 2, pc)
+    child_sum = dx.nn.ChildSumTreeLSTMBuilder(4, 2, pc)
+    cg = dx.renew_cg()
+    state = lstm.initial_state()
+    ok_pair = (np.zeros(2), np.zeros(2))
+    calls = [lambda: lstm.initial_state([np.zeros(3), np.zeros(2)]),
+             lambda: state.add_input(np.zeros(5)),
+             lambda: tree.leaf(np.zeros(5)),
+             lambda: tree.compose(ok_pair, (np.zeros(3), np.zeros(2))),
+             lambda: child_sum.node(np.zeros(4), [ok_pair, (np.zeros(3), np.zeros(2))])]
+    for call in calls:
+        before = counts(cg)
+        with pytest.raises(ValueError):
+            call()
+        assert counts(cg) == before
+
+
+def test_argument_checks_of_graphs_builders_and_saving(tmp_path):
+    for kw in (dict(seed=1.5), dict(seed=2 ** 31), dict(seed=-1), dict(train="no"),
+               dict(check_validity=1)):
+        with pytest.raises(ValueError, match="renew_cg"):
+            dx.renew_cg(**kw)
+    pc = dx.ParameterCollection(seed=0)
+    lstm = dx.nn.LSTMBuilder(1, 4, 3, pc)
+    with pytest.raises(dx.InvalidArgumentError, match="set_dropout"):
+        lstm.set_dropout("x")
+    W = pc.add_parameters((3, 3), name="W")
+    dx.renew_cg()
+    with pytest.raises(dx.ArgumentTypeError, match="affine_transform: expected a list"):
+        dx.affine_transform(W)
+    missing = tmp_path / "nope" / "model.npz"
+    with pytest.raises(FileNotFoundError, match="nope"):
+        pc.save(missing)

@@ -30,9 +30,16 @@ class ComputationGraph:
                  check_validity: bool = False):
         if autobatch not in STRATEGIES:
             raise ValueError(f"renew_cg: autobatch must be one of {STRATEGIES}, got {autobatch!r}")
+        for name, flag in (("train", train), ("check_validity", check_validity)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise ValueError(f"renew_cg: {name} must be True or False, got {flag!r}")
+        if seed is not None and (isinstance(seed, (bool, np.bool_))
+                                 or not isinstance(seed, (int, np.integer))
+                                 or not 0 <= seed < 2 ** 31):
+            raise ValueError(f"renew_cg: seed must be an int in [0, 2**31), got {seed!r}")
         self.autobatch = autobatch
-        self.train = train
-        self.check_validity = check_validity
+        self.train = bool(train)
+        self.check_validity = bool(check_validity)
         if seed is None:
             _seed_counter[0] += 1
             seed = _seed_counter[0]

@@ -37,6 +37,8 @@ def _write_npz(arrays: dict, path) -> None:
     arrays = dict(arrays)
     arrays[FORMAT_KEY] = np.asarray(FORMAT_VERSION)
     folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"save: the folder of {path!r} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=".dynax-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:

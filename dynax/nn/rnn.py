@@ -103,6 +103,11 @@ class RNNState:
 
     def add_input(self, x) -> "RNNState":
         """The state after reading ``x`` (a vector of ``input_dim``)."""
+        if type(x) is not Expression:  # an array becomes a constant: undone on failure
+            return ops.atomic(self._add_input)(x)
+        return self._add_input(x)
+
+    def _add_input(self, x) -> "RNNState":
         b = self.builder
         x = _as_expr(x)
         _check_vector(type(b).__name__ + ".add_input", "input", x, b.input_dim)
@@ -185,16 +190,17 @@ class _RNNBuilder:
 
     def set_dropout(self, p: float) -> None:
         """Apply ``dx.dropout(·, p)`` to the input of every layer from now on (0 disables)."""
-        p = float(p)
-        if not 0.0 <= p < 1.0:
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) \
+                or not 0.0 <= p < 1.0:
             raise InvalidArgumentError(
-                f"{type(self).__name__}.set_dropout: p must be in [0, 1), got {p}")
-        self.dropout_rate = p
+                f"{type(self).__name__}.set_dropout: p must be a number in [0, 1), got {p!r}")
+        self.dropout_rate = float(p)
 
     def disable_dropout(self) -> None:
         """Stop applying dropout."""
         self.dropout_rate = 0.0
 
+    @ops.atomic
     def initial_state(self, vecs=None) -> RNNState:
         """The state before any input: zeros, or the vectors ``vecs`` in the order of ``s()``
         (LSTM: ``[c_1..c_L, h_1..h_L]``; others: ``[h_1..h_L]``)."""

@@ -86,12 +86,23 @@ class TreeLSTMBuilder:
 
     def leaf(self, x) -> tuple[Expression, Expression]:
         """``(h, c)`` of a leaf reading ``x`` (a vector of ``input_dim``)."""
+        if type(x) is not Expression:  # an array becomes a constant: undone on failure
+            return ops.atomic(self._leaf)(x)
+        return self._leaf(x)
+
+    def _leaf(self, x):
         x = _as_expr(x)
         _check_vector("TreeLSTMBuilder.leaf", "x", x, self.input_dim)
         return _leaf_cell(x, self.W, self.b_leaf)
 
     def compose(self, left, right) -> tuple[Expression, Expression]:
         """``(h, c)`` of an internal node from its children's ``(h, c)`` pairs."""
+        if not all(isinstance(pair, (tuple, list)) and all(type(e) is Expression for e in pair)
+                   for pair in (left, right)):
+            return ops.atomic(self._compose)(left, right)  # arrays: constants undone on failure
+        return self._compose(left, right)
+
+    def _compose(self, left, right):
         who = "TreeLSTMBuilder.compose"
         hl, cl = _check_pair(who, "left", left, self.hidden_dim)
         hr, cr = _check_pair(who, "right", right, self.hidden_dim)
@@ -127,6 +138,7 @@ class ChildSumTreeLSTMBuilder:
         """The subcollection holding this builder's parameters."""
         return self.pc
 
+    @ops.atomic
     def node(self, x, children=()) -> tuple[Expression, Expression]:
         """``(h, c)`` of a node reading ``x`` with ``children``, a list of ``(h, c)`` pairs.
 

@@ -393,6 +393,9 @@ AFFINE = OpDef("affine_transform", _affine, HEAVY, check=_check_affine)
 @atomic
 def affine_transform(args):
     """``b + W1 @ x1 + W2 @ x2 + ...`` from the list ``[b, W1, x1, W2, x2, ...]``."""
+    if not isinstance(args, (list, tuple)):
+        raise ArgumentTypeError(f"affine_transform: expected a list [b, W1, x1, ...], got "
+                                f"{type(args).__name__}")
     args = list(args)
     if len(args) % 2 != 1:
         raise InvalidArgumentError(f"affine_transform: expected [b, W1, x1, ...] (odd length), "

@@ -68,7 +68,12 @@ class Function:
 
     def __call__(self, *args, **kwargs):
         if kwargs:
-            raise ArgumentTypeError(f"{self.op.name}: dx.function arguments must be positional")
+            from ..nn.parameters import Parameter
+            if any(type(a) is Expression or isinstance(a, Parameter)
+                   for a in (*args, *kwargs.values())):
+                raise ArgumentTypeError(f"{self.op.name}: a dx.function node takes positional "
+                                        "arguments only")
+            return self.fn(*args, **kwargs)  # a plain call (e.g. inside another traced one)
         # fast path: Expressions, Parameters and plain static scalars, kinds cached per
         # pattern of argument types (one dict lookup instead of a branch per argument)
         types = tuple(map(type, args))

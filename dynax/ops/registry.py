@@ -16,9 +16,11 @@ so no op has a hand-written shape rule and the cost is paid once per signature.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ArgumentTypeError, ShapeError
@@ -56,6 +58,10 @@ class OpDef(NamedTuple):
 
 _AKEYS: dict[tuple, int] = {}
 AKEY_AVAL: list[jax.ShapeDtypeStruct] = []
+# Interning is shared by every thread's graphs: a new id is its table's length, so making
+# one must not interleave with another thread's (two shapes or signatures with one id would
+# batch together). Lookups of existing ids stay lock-free.
+_INTERN_LOCK = threading.RLock()
 
 
 def akey_of(shape: tuple, dtype) -> int:
@@ -63,8 +69,11 @@ def akey_of(shape: tuple, dtype) -> int:
     k = (tuple(shape), np.dtype(dtype))
     a = _AKEYS.get(k)
     if a is None:
-        a = _AKEYS[k] = len(AKEY_AVAL)
-        AKEY_AVAL.append(jax.ShapeDtypeStruct(k[0], k[1]))
+        with _INTERN_LOCK:
+            a = _AKEYS.get(k)
+            if a is None:
+                AKEY_AVAL.append(jax.ShapeDtypeStruct(k[0], k[1]))
+                a = _AKEYS[k] = len(AKEY_AVAL) - 1
     return a
 
 
@@ -139,8 +148,11 @@ def signature_for(key: tuple) -> Signature:
     """
     sig = SIG_CACHE.get(key)
     if sig is None:
-        sig = _new_signature(key[0], key[1], key[2:])
-        SIG_CACHE[key] = sig
+        with _INTERN_LOCK:
+            sig = SIG_CACHE.get(key)
+            if sig is None:
+                sig = _new_signature(key[0], key[1], key[2:])
+                SIG_CACHE[key] = sig
     return sig
 
 
@@ -180,15 +192,22 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
 
     try:
         out = jax.eval_shape(call, *[avals[i] for i in shaped_positions])
-    except Exception as e:  # JAX raises TypeError/ValueError on incompatible shapes
+    except (TypeError, ValueError) as e:  # what JAX raises on incompatible shapes; any
+        # other exception is a bug in the function itself and reaches the user as it is
         raise ShapeError(f"{op.name}: incompatible arguments ({describe(kinds, key_items)}): "
-                         f"{str(e).splitlines()[0]}") from None
+                         f"{str(e).splitlines()[0]}") from e
     multi = isinstance(out, (tuple, list))
     outs = tuple(out) if multi else (out,)
     for o in outs:
         if not isinstance(o, jax.ShapeDtypeStruct):
             raise ArgumentTypeError(
                 f"{op.name}: outputs must be arrays or a tuple of arrays, got {out!r}")
+        if not jnp.issubdtype(o.dtype, jnp.floating):  # values live in float arenas, and
+            # gradients flow through every output
+            raise ArgumentTypeError(
+                f"{op.name}: outputs must be floating-point, got {o.dtype} (shape "
+                f"{tuple(o.shape)}); return a float (e.g. .astype(jnp.float32)), or read "
+                "integer results such as an argmax from the value on the host")
     out_akeys = tuple(akey_of(o.shape, o.dtype) for o in outs)
     sig = Signature(len(SIGNATURES), op, kinds, tuple(statics), tuple(params), tuple(param_pos),
                     tuple(in_akeys), out_akeys, multi, bounds)

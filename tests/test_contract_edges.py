@@ -357,3 +357,22 @@ def test_argument_checks_of_graphs_builders_and_saving(tmp_path):
     missing = tmp_path / "nope" / "model.npz"
     with pytest.raises(FileNotFoundError, match="nope"):
         pc.save(missing)
+
+
+def test_loading_two_saved_objects_onto_one_name_is_refused(tmp_path):
+    def lstm(seed):
+        return dx.nn.LSTMBuilder(1, 3, 2, dx.ParameterCollection(seed=seed))
+
+    path = tmp_path / "two.npz"
+    dx.save(path, [lstm(1), lstm(2)])  # both builders' parameters are named lstm/...
+    pc = dx.ParameterCollection(seed=3)
+    a, b = dx.nn.LSTMBuilder(1, 3, 2, pc), dx.nn.LSTMBuilder(1, 3, 2, pc)
+    before = [np.array(p.value) for p in pc.parameters()]
+    for restore in (lambda: dx.load(path, pc), lambda: pc.populate(path)):
+        with pytest.raises(ValueError, match="both map to parameter"):
+            restore()
+    for p, v in zip(pc.parameters(), before):
+        np.testing.assert_array_equal(p.value, v)
+    dx.load(path, [a, b])  # as a list of objects it is unambiguous
+    np.testing.assert_array_equal(a.param_collection().parameters()[0].value,
+                                  lstm(1).param_collection().parameters()[0].value)

@@ -91,13 +91,20 @@ def _read_objects(path, who: str) -> list[tuple[str, str, dict]]:
     return objects
 
 
-def _full_names(objects, prefix: str) -> dict:
+def _full_names(objects, prefix: str, who: str) -> dict:
     """``{full parameter name: array}`` for restoring into the collection with ``prefix``.
 
     A saved collection maps onto that collection itself (names relative to it); saved
     builders and parameters keep the full names they were built with."""
-    return {(prefix if kind == COLLECTION else saved) + rel: a
-            for saved, kind, arrays in objects for rel, a in arrays.items()}
+    out, source = {}, {}
+    for i, (saved, kind, arrays) in enumerate(objects):
+        for rel, a in arrays.items():
+            name = (prefix if kind == COLLECTION else saved) + rel
+            if name in out:  # two saved objects claim one parameter: refuse to guess
+                raise ValueError(f"{who}: saved objects {source[name]} and {i} both map to "
+                                 f"parameter {name!r}; load them as a list of objects instead")
+            out[name], source[name] = a, i
+    return out
 
 
 def _stage(staged, p, name, a, path, who):
@@ -127,7 +134,7 @@ def populate_parameters(params, path, strip: str = "") -> None:
     Reads files of ``pc.save`` and of ``dx.save`` (matched as ``dx.load`` into a collection
     does). Entries of the file that no parameter asks for are ignored."""
     path = os.fspath(path)
-    arrays = _full_names(_read_objects(path, "populate"), strip)
+    arrays = _full_names(_read_objects(path, "populate"), strip, "populate")
     staged = []
     for p in params:
         if p.name not in arrays:
@@ -218,7 +225,7 @@ def load(path, target):
     staged = []
     if isinstance(target, ParameterCollection):
         names = target._root._names
-        for name, a in sorted(_full_names(objects, target._prefix).items()):
+        for name, a in sorted(_full_names(objects, target._prefix, "load").items()):
             p = names.get(name)
             if p is None:
                 raise ValueError(f"load: {path} holds parameter {name!r} but the collection "

@@ -376,3 +376,24 @@ def test_loading_two_saved_objects_onto_one_name_is_refused(tmp_path):
     dx.load(path, [a, b])  # as a list of objects it is unambiguous
     np.testing.assert_array_equal(a.param_collection().parameters()[0].value,
                                   lstm(1).param_collection().parameters()[0].value)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_failed_validity_check_leaves_the_gradients_as_they_were(strategy):
+    from dynax.executor.validity import NonFiniteValueError
+
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((1, 1), init="zeros", name="W")  # sqrt'(0): an infinite gradient
+    V = pc.add_parameters((1, 1), init="ones", name="V")
+    E = pc.add_lookup_parameters((3, 1), init="ones", name="E")
+    dx.renew_cg(autobatch=strategy, check_validity=True)
+    dx.sum_elems(V @ E[2]).backward()  # an earlier, valid backward pass
+    v_grad, e_grad = np.array(V.grad), np.array(E.grad)
+    x = dx.input(np.ones(1))
+    loss = dx.sum_elems(dx.sqrt(W @ x)) + dx.sum_elems(dx.tanh(V @ E[0]) * 3.0)
+    with pytest.raises(NonFiniteValueError, match="non-finite gradient"):
+        loss.backward()
+    np.testing.assert_array_equal(V.grad, v_grad)
+    np.testing.assert_array_equal(E.grad, e_grad)
+    np.testing.assert_array_equal(W.grad, np.zeros((1, 1)))
+    assert E.touched == {2}

@@ -393,6 +393,16 @@ class Engine:
             g.pending_reads[v] = self._start_read(g, v)
         grads = self._gradient_arenas(g)
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
+        if not g.check_validity:
+            return self._backward_batches(g, grads, loss_node)
+        snapshot = _gradient_snapshot(g.batches)
+        try:
+            self._backward_batches(g, grads, loss_node)
+        except BaseException:  # a check failed part-way: no parameter keeps a partial gradient
+            _restore_gradients(snapshot)
+            raise
+
+    def _backward_batches(self, g, grads, loss_node):
         once = _params_of_one_batch(g.batches)
         for sig, modes, B, packet, nodes, gflags, fwd, saved in reversed(g.batches):
             if min(nodes) > loss_node:
@@ -446,3 +456,22 @@ class Engine:
                 spare = zeros(arena.shape, arena.dtype)
             grads[a] = spare
         return grads
+
+
+def _gradient_snapshot(batches) -> list:
+    """Copies of the gradient state of every parameter the batches use (validity mode: a
+    failed check must leave the gradients as they were)."""
+    params = {id(p): p for b in batches for p in b[0].params}.values()
+    snapshot = []
+    for p in params:
+        grad = None if p._grad is None else jnp.array(p._grad, copy=True)  # buffers are donated
+        rows = getattr(p, "touched", ())  # a table's used rows (None: all of them)
+        snapshot.append((p, grad, p._has_grad, rows if rows is None else set(rows)))
+    return snapshot
+
+
+def _restore_gradients(snapshot) -> None:
+    for p, grad, has_grad, rows in snapshot:
+        p._grad, p._has_grad = grad, has_grad
+        if hasattr(p, "touched"):
+            p.touched = rows

@@ -397,3 +397,25 @@ def test_a_failed_validity_check_leaves_the_gradients_as_they_were(strategy):
     np.testing.assert_array_equal(E.grad, e_grad)
     np.testing.assert_array_equal(W.grad, np.zeros((1, 1)))
     assert E.touched == {2}
+
+
+def test_a_batch_that_fails_to_run_is_named_and_earlier_values_still_read():
+    def host_fn(x):
+        return np.tanh(x)
+
+    @dx.function
+    def unbatchable(x):  # a callback without a vmap rule: JAX refuses to batch it
+        return jax.pure_callback(host_fn, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    dx.renew_cg()
+    t = dx.tanh(dx.input(np.ones(3)))
+    np.testing.assert_allclose(t.npvalue(), np.tanh(np.ones(3)), rtol=1e-6)
+    y = unbatchable(dx.input(np.ones(3)))
+    with pytest.raises(Exception) as err:
+        y.npvalue()
+    assert any("unbatchable" in n for n in getattr(err.value, "__notes__", []))
+    np.testing.assert_allclose(t.npvalue(), np.tanh(np.ones(3)), rtol=1e-6)  # still readable
+    with pytest.raises(RuntimeError, match="can compute nothing more.*unbatchable.*renew_cg"):
+        dx.sum_elems(t).value()
+    dx.renew_cg()  # a new graph works again
+    assert dx.sum_elems(dx.input(np.ones(3))).value() == 3.0

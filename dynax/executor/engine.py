@@ -194,17 +194,31 @@ class Engine:
             plan.append(nodes)
             step = self._prepare(g, nodes)
             if run and (not fuse or step[:4] != run[0][:4]):
-                self._launch(g, run)
+                self._launch_checked(g, run)
                 run = []
             run.append(step)
         if run:
-            self._launch(g, run)
+            self._launch_checked(g, run)
         g.computed = hi
         g.n_batches += len(plan)
         if g.check_validity:
             check_forward(self, g, plan)
         g.seconds["schedule"] += scheduling
         g.seconds["forward"] += time.perf_counter() - t0 - scheduling
+
+    def _launch_checked(self, g, run):
+        """``_launch``; an error there (compiling or running the kernel, e.g. a function JAX
+        cannot batch) names the op, and leaves the graph failed: its rows are handed out
+        part-way, so nothing more can run on it."""
+        try:
+            self._launch(g, run)
+        except Exception as e:
+            sig, nodes = run[0][0], run[0][5]
+            g.failed = (f"a batch of {sum(len(s[5]) for s in run)} '{sig.op.name}' node(s) "
+                        f"(the first built as node {nodes[0]}) failed: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            e.add_note(f"dynax: while running {g.failed.split(' failed:')[0]}")
+            raise
 
     def _rows(self, g, consts, lo: int, hi: int, plan=None) -> dict:
         """Per arena, the rows this forward pass can write at most (``_alloc``'s rule: rows

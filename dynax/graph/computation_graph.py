@@ -45,6 +45,7 @@ class ComputationGraph:
             seed = _seed_counter[0]
         self.seed = int(seed) & 0x7FFFFFFF
         self.alive = True
+        self.failed: str | None = None  # why the graph stopped, if a batch failed to run
         # nodes
         self.node_sig: list = []  # Signature of each node
         self.node_vals: list = []  # value ids of its 'v' arguments
@@ -209,6 +210,10 @@ class ComputationGraph:
     def forward_to(self, value_id: int | None = None):
         """Compute every pending node (incremental forward)."""
         self.check_alive()
+        if self.failed is not None:
+            raise RuntimeError(f"this graph can compute nothing more: {self.failed}; values "
+                               "read before that still read; build a new graph with "
+                               "dx.renew_cg()")
         if self.computed == len(self.node_sig) and not self.pending_consts:
             return
         now = time.perf_counter()
@@ -226,6 +231,9 @@ class ComputationGraph:
         self._mark = end
 
     def read(self, value_id: int) -> np.ndarray:
+        self.check_alive()
+        if value_id in self.host_values:  # already on the host (even if the graph failed since)
+            return self.host_values[value_id]
         self.forward_to(value_id)
         return self.engine.read(self, value_id)
 

@@ -97,8 +97,13 @@ class TreeLSTMBuilder:
 
     def compose(self, left, right) -> tuple[Expression, Expression]:
         """``(h, c)`` of an internal node from its children's ``(h, c)`` pairs."""
-        if not all(isinstance(pair, (tuple, list)) and all(type(e) is Expression for e in pair)
-                   for pair in (left, right)):
+        try:
+            (hl, cl), (hr, cr) = left, right
+            fast = (type(hl) is Expression and type(cl) is Expression
+                    and type(hr) is Expression and type(cr) is Expression)
+        except (TypeError, ValueError):  # not two pairs: the checked path says what is wrong
+            fast = False
+        if not fast:
             return ops.atomic(self._compose)(left, right)  # arrays: constants undone on failure
         return self._compose(left, right)
 

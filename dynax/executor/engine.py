@@ -214,10 +214,11 @@ class Engine:
             self._launch(g, run)
         except Exception as e:
             sig, nodes = run[0][0], run[0][5]
-            g.failed = (f"a batch of {sum(len(s[5]) for s in run)} '{sig.op.name}' node(s) "
-                        f"(the first built as node {nodes[0]}) failed: "
-                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            e.add_note(f"dynax: while running {g.failed.split(' failed:')[0]}")
+            what = (f"a batch of {sum(len(s[5]) for s in run)} '{sig.op.name}' node(s) (the "
+                    f"first built as node {nodes[0]})")
+            first_line = str(e).splitlines()[0] if str(e) else ""
+            g.failed = f"{what} failed: {type(e).__name__}: {first_line}"
+            e.add_note(f"dynax: while running {what}")
             raise
 
     def _rows(self, g, consts, lo: int, hi: int, plan=None) -> dict:

@@ -1,6 +1,7 @@
-"""Edges of the API contract (found by an audit in session 16): what a DyNet or JAX user
-expects where API.md is brief. All but a few neighbouring cases (one-item ``average``, the
-BiRNN builder, a chunked ``emax``) failed before their fixes."""
+"""Edges of the API contract (found by two audits in session 16): what a DyNet or JAX user
+expects where API.md is brief. Of the first audit's tests, all but a few neighbouring cases
+(one-item ``average``, the BiRNN builder, a chunked ``emax``) failed before their fixes; the
+second audit's reproduce what it reported."""
 from __future__ import annotations
 
 import jax

@@ -480,8 +480,8 @@ def _gradient_snapshot(batches) -> list:
     snapshot = []
     for p in params:
         grad = None if p._grad is None else jnp.array(p._grad, copy=True)  # buffers are donated
-        rows = getattr(p, "touched", ())  # a table's used rows (None: all of them)
-        snapshot.append((p, grad, p._has_grad, rows if rows is None else set(rows)))
+        rows = getattr(p, "touched", None)  # a table's used rows (None: all of them)
+        snapshot.append((p, grad, p._has_grad, None if rows is None else set(rows)))
     return snapshot
 
 

@@ -557,13 +557,13 @@ def _padded(op, xs, pad, extra_kinds="", extra=()):
 MAX_LIST = 16  # longer lists reduce in chunks: one small kernel per chunk size, batched
 
 
-def _chunked(op, xs, pad_of):
-    """Reduce a long list in chunks of MAX_LIST (the chunk nodes share a signature, so they
-    run as one batch) until one node's worth is left; returns that remaining list."""
+def _chunked(xs, node):
+    """Reduce a long list in chunks of MAX_LIST, ``node(chunk)`` making one node of each
+    (the chunk nodes share a signature, so they run as one batch), until one node's worth
+    is left; returns that remaining list."""
     while len(xs) > MAX_LIST:
-        xs = [_padded(op, xs[i:i + MAX_LIST], pad_of(xs[i:i + MAX_LIST]))
-              if len(xs[i:i + MAX_LIST]) > 1 else xs[i]
-              for i in range(0, len(xs), MAX_LIST)]
+        chunks = [xs[i:i + MAX_LIST] for i in range(0, len(xs), MAX_LIST)]
+        xs = [node(c) if len(c) > 1 else c[0] for c in chunks]
     return xs
 
 
@@ -586,9 +586,13 @@ def _zero_like(xs):
 @atomic
 def esum(xs):
     """Sum of a list of expressions of one shape."""
-    xs = _chunked(ESUM, _list_args(xs, "esum"), _zero_like)
+    xs = _chunked(_list_args(xs, "esum"), _esum_node)
     if len(xs) == 1:
         return _as_expression(xs[0], "esum")
+    return _esum_node(xs)
+
+
+def _esum_node(xs):
     return _padded(ESUM, xs, _zero_like(xs))
 
 
@@ -597,24 +601,20 @@ def average(xs):
     """Mean of a list of expressions of one shape."""
     xs = _list_args(xs, "average")
     n = len(xs)
-    xs = _chunked(ESUM, xs, _zero_like)
+    xs = _chunked(xs, _esum_node)
     return _padded(AVERAGE, xs, _zero_like(xs), "i", (n,))
 
 
 @atomic
 def emax(xs):
     """Elementwise maximum of a list of expressions of one shape."""
-    xs = _list_args(xs, "emax")
-    while len(xs) > MAX_LIST:  # in chunks, as _chunked does, each chunk with its count
-        xs = [_emax_node(xs[i:i + MAX_LIST]) for i in range(0, len(xs), MAX_LIST)]
+    xs = _chunked(_list_args(xs, "emax"), _emax_node)
     if len(xs) == 1:
         return _as_expression(xs[0], "emax")
     return _emax_node(xs)
 
 
-def _emax_node(xs):
-    if len(xs) == 1:
-        return xs[0]
+def _emax_node(xs):  # the count of real items masks the padding
     return _padded(EMAX, xs, _zero_like(xs), "i", (len(xs),))
 
 

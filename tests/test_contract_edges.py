@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import dynax as dx
@@ -179,6 +180,56 @@ def test_arrays_the_user_holds_survive_an_update():
     pointer = E._value.unsafe_buffer_pointer()
     step()
     assert E._value.unsafe_buffer_pointer() == pointer
+
+
+@pytest.mark.parametrize("make_trainer", [
+    lambda pc: dx.SimpleSGDTrainer(pc, learning_rate=0.5),
+    lambda pc: dx.AdamTrainer(pc, alpha=0.1),
+    lambda pc: dx.Trainer(pc, optax.sgd(0.5), sparse_updates=False),
+])
+def test_dense_parameters_the_user_holds_survive_an_update(make_trainer):
+    """Dense parameters are updated in place too (their arrays donated to the step): an
+    array read through ``value`` stays valid and unchanged, and the update matches the
+    same step taken on a copy, while a loop that reads nothing updates in place."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 4), name="W")
+    E = pc.add_lookup_parameters((5, 4), name="E")
+    trainer = make_trainer(pc)
+    x = np.arange(4.0, dtype=np.float32)
+
+    def step():
+        dx.renew_cg()
+        dx.sum_elems(W @ (dx.input(x) + E[2])).backward()
+        trainer.update()
+
+    step()
+    held, held_E = W.value, E.value
+    copies = np.array(held), np.array(held_E)
+    step()
+    np.testing.assert_array_equal(np.asarray(held), copies[0])  # still readable, unchanged
+    np.testing.assert_array_equal(np.asarray(held_E), copies[1])
+    assert not np.array_equal(np.asarray(W.value), copies[0])  # the parameter did move
+    step()  # (the lines above read the values: this update works on copies)
+    pointers = W._value.unsafe_buffer_pointer(), E._value.unsafe_buffer_pointer()
+    step()
+    assert (W._value.unsafe_buffer_pointer(), E._value.unsafe_buffer_pointer()) == pointers
+
+
+def test_dense_update_in_place_gives_the_plain_sgd_step():
+    """The donated dense step is still exactly ``W - lr * grad``, with and without a read."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((2, 3), name="W")
+    trainer = dx.SimpleSGDTrainer(pc, learning_rate=0.25)
+    x = np.array([1.0, -2.0, 0.5], np.float32)
+    for read in (False, True, False):
+        before = W.npvalue()  # npvalue copies to the host without marking the value held
+        if read:
+            W.value
+        dx.renew_cg()
+        dx.sum_elems(W @ dx.input(x)).backward()
+        trainer.update()
+        np.testing.assert_allclose(W.npvalue(), before - 0.25 * np.outer([1.0, 1.0], x),
+                                   rtol=1e-6)
 
 
 def test_values_read_are_the_callers_own_copies():

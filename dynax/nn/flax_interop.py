@@ -145,7 +145,7 @@ class FlaxBlock:
 
         linen: ``module.apply({"params": block.flax_params()}, x)``; nnx: an ``nnx.State``,
         for ``nnx.update(module, block.flax_params())``."""
-        return self._unflatten([p._value for p in self.params])
+        return self._unflatten([p.value for p in self.params])  # the user's to keep
 
     def __repr__(self):
         return (f"FlaxBlock({type(self.module).__name__}, inputs={self.input_shapes}, "

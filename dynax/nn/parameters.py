@@ -67,7 +67,8 @@ def _init_array(init, key, shape, dtype):
 class Parameter(Operators):
     """A trainable array, usable directly inside expressions (``W @ x``)."""
 
-    __slots__ = ("name", "shape", "dtype", "_value", "_grad", "_has_grad", "__weakref__")
+    __slots__ = ("name", "shape", "dtype", "_value", "_grad", "_has_grad", "_exported",
+                 "__weakref__")
 
     def __init__(self, name: str, value: jax.Array):
         self.name = name
@@ -76,6 +77,9 @@ class Parameter(Operators):
         self._value = value
         self._grad = None
         self._has_grad = False
+        # Trainers update values in place (the old array is donated to the step); once the
+        # user holds the current array (``value``), the next update works on a copy instead.
+        self._exported = False
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r}, shape={self.shape})"
@@ -83,7 +87,15 @@ class Parameter(Operators):
     # ---- value and gradient ------------------------------------------------------------------
     @property
     def value(self) -> jax.Array:
-        """The current array."""
+        """The current array (stays valid: the next update leaves it alone)."""
+        self._exported = True
+        return self._value
+
+    def _own_value(self) -> jax.Array:
+        """The current array, safe to donate: copied first if the user holds it."""
+        if self._exported:
+            self._value = jnp.array(self._value, copy=True)
+            self._exported = False
         return self._value
 
     def set_value(self, array) -> None:
@@ -134,20 +146,11 @@ ALL_ROWS = None  # marker: every row of a lookup table may have a gradient
 class LookupParameter(Parameter):
     """A table of vectors; ``E[i]`` / ``dx.lookup(E, i)`` reads row ``i``."""
 
-    __slots__ = ("touched", "_exported")
+    __slots__ = ("touched",)
 
     def __init__(self, name, value):
         super().__init__(name, value)
         self.touched: set | None = set()  # rows used since the last update; None = all
-        # Trainers update tables in place (the old array is donated); once the user holds
-        # the current array (``value``), the next update works on a copy instead.
-        self._exported = False
-
-    @property
-    def value(self) -> jax.Array:
-        """The current array (stays valid: the next update leaves it alone)."""
-        self._exported = True
-        return self._value
 
     def __getitem__(self, i):
         return _ops.lookup(self, i)

@@ -54,9 +54,10 @@ class Trainer:
         self._base_learning_rate = None  # what a convenience trainer gave optax
         self._names: tuple = ()
         self._state: dict = {}  # group name -> optax state
-        self._dense_step = jax.jit(self._apply, donate_argnums=(2,))
-        # The table, its gradient and its state are updated in place (donated); a table
-        # whose ``value`` the user has read is copied first (``LookupParameter.value``).
+        # Values and optimizer state are updated in place (donated; the table's gradient too):
+        # writing new arrays cost RNN LM's 3.3M-value Adam step 4.2 ms against 2.4 ms in
+        # place. A value the user has read is copied first (``Parameter._own_value``).
+        self._dense_step = jax.jit(self._apply, donate_argnums=(0, 2))
         self._sparse_step = jax.jit(self._apply_rows, donate_argnums=(0, 2))
         # zeroing the used gradient rows in place is its own kernel: inside the step, XLA
         # copied the whole gradient table twice to order the read before the write
@@ -136,7 +137,7 @@ class Trainer:
         groups, tables = self._groups(params)
         dense = groups[""]
         if dense:
-            values = {p.name: p._value for p in dense}
+            values = {p.name: p._own_value() for p in dense}
             grads = {p.name: (p._grad if p._grad is not None else zeros(p.shape, p.dtype))
                      for p in dense}
             new, self._state[""] = self._dense_step(values, grads, self._state[""], scale,
@@ -184,19 +185,17 @@ class Trainer:
     def _update_table(self, p: LookupParameter, scale, lr_scale):
         if not p._has_grad:
             return
+        value = p._own_value()
         if p.touched is None:  # used as a whole somewhere: dense step for this table
             p._value, self._state[p.name] = self._dense_step(
-                p._value, p._grad, self._state[p.name], scale, lr_scale)
+                value, p._grad, self._state[p.name], scale, lr_scale)
             p.zero_grad()
             return
-        if p._exported:  # the user holds the current array: update a copy, not it
-            p._value = jnp.array(p._value, copy=True)
-            p._exported = False
         rows = sorted(p.touched)
         padded = np.full(bucket(max(8, len(rows))), rows[0], np.int32)  # bounded compiles
         padded[: len(rows)] = rows
         p._value, self._state[p.name] = self._sparse_step(
-            p._value, p._grad, self._state[p.name], padded, scale, lr_scale)
+            value, p._grad, self._state[p.name], padded, scale, lr_scale)
         p._grad = self._zero_rows(p._grad, padded)  # reused in place
         p._has_grad = False
         p.touched = set()

@@ -94,5 +94,6 @@ def _signature(fn, param):
 
 
 def _backward_variants(sig) -> set:
-    """The ``fresh`` flags of the signature's compiled single-batch backward kernels."""
-    return {key[-1] for key in sig.kernels if key[0] == "bwd"}
+    """The ``fresh`` flags of the signature's compiled single-batch backward kernels (key:
+    ``("bwd", modes, gflags, B, saved residuals, fresh, param_grads)``)."""
+    return {key[5] for key in sig.kernels if key[0] == "bwd"}

@@ -213,7 +213,8 @@ def _unpack(buffers, items):
 
 
 def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
-                    forward: Kernel | None = None, fresh: bool = False) -> Kernel:
+                    forward: Kernel | None = None, fresh: bool = False,
+                    param_grads: bool = True) -> Kernel:
     """The cached backward kernel
     ``(grad_arenas, param_grads, value_arenas, params, residuals, packet)
     -> (grad_arenas, param_grads)``.
@@ -227,8 +228,11 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     is ``()`` and the parameter cotangents are returned as they are: adding them to zero
     buffers cost a memset and a pass over each (RNN LM's 10000x256 softmax: ~2.5 ms).
     On CPU, weight gradients get the matmul layout of ``dots.py`` (tagger: -7% per update).
+    Without ``param_grads`` it computes input cotangents only (``param_grads`` is ``()`` and
+    returned as is): the step of a run whose weight gradients come after it
+    (``backward_run_kernel``).
     """
-    key = ("bwd", modes, gflags, B, forward is not None, fresh)
+    key = ("bwd", modes, gflags, B, forward is not None, fresh, param_grads)
     k = sig.kernels.get(key)
     if k is not None:
         return k
@@ -279,8 +283,8 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
             idx = jnp.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
             upd = jnp.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
             garenas[g] = garenas[g].at[idx].add(upd)
-        if fresh:
-            return tuple(garenas), tuple(dps)
+        if fresh or not param_grads:  # (unused parameter cotangents are dead code to XLA)
+            return tuple(garenas), tuple(dps) if param_grads else ()
         return tuple(garenas), tuple(g + d for g, d in zip(pgrads, dps))
 
     k = Kernel(jax.jit(kernel, donate_argnums=(0, 1)), g_akeys, v_akeys, {})
@@ -321,25 +325,88 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
     return k
 
 
+DEFER_MAX_LANES = 8  # runs this narrow take their weight gradients after the scan
+
+
 def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kernel | None,
                         T: int) -> Kernel:
     """The backward of ``forward_run_kernel``: the single backward kernel over the steps in
     reverse order (a step's input cotangents are complete only once every later step that
-    reads its outputs has run), residuals and packets stacked per step."""
+    reads its outputs has run), residuals and packets stacked per step.
+
+    A narrow run (at most ``DEFER_MAX_LANES`` lanes) takes its weight gradients after the
+    scan, as one product over all ``T x B`` lanes (``_run_param_grads``), and its steps
+    compute input cotangents only. Inside the scan each step would read and write every
+    weight gradient to add a rank-B update to it: for an LSTM LM over one sentence (1,024 x
+    512 weights), 4 MB of traffic per word for a few kFLOP.
+    """
     key = ("bwd_run", modes, gflags, B, forward is not None, T)
     k = sig.kernels.get(key)
     if k is not None:
         return k
-    step = backward_kernel(sig, modes, gflags, B, forward)
+    if not _defers(sig, modes, B):
+        step = backward_kernel(sig, modes, gflags, B, forward)
+
+        def kernel(garenas, pgrads, varenas, params, saved, packets):
+            def body(carry, xs):
+                return step.fn(*carry, varenas, params, *xs), None
+            return lax.scan(body, (garenas, pgrads), (saved, packets), reverse=True)[0]
+
+        k = Kernel(jax.jit(kernel, donate_argnums=(0, 1)), step.write_akeys, step.read_akeys,
+                   {})
+        sig.kernels[key] = k
+        return k
+
+    step = backward_kernel(sig, modes, gflags, B, forward, param_grads=False)
+    n_step = len(step.read_akeys)
+    v_akeys = _unique(step.read_akeys + _unique(sig.in_akeys))
+    weight_grads = _run_param_grads(sig, modes, B, T)
 
     def kernel(garenas, pgrads, varenas, params, saved, packets):
         def body(carry, xs):
-            return step.fn(*carry, varenas, params, *xs), None
-        return lax.scan(body, (garenas, pgrads), (saved, packets), reverse=True)[0]
+            return step.fn(carry, (), varenas[:n_step], params, *xs)[0], None
+        garenas = lax.scan(body, garenas, (saved, packets), reverse=True)[0]
+        dps = weight_grads(dict(zip(step.write_akeys, garenas)),
+                           dict(zip(v_akeys, varenas)), params, packets)
+        return garenas, tuple(g + d for g, d in zip(pgrads, dps))
 
-    k = Kernel(jax.jit(kernel, donate_argnums=(0, 1)), step.write_akeys, step.read_akeys, {})
+    k = Kernel(jax.jit(kernel, donate_argnums=(0, 1)), step.write_akeys, v_akeys, {})
     sig.kernels[key] = k
     return k
+
+
+def _defers(sig, modes: tuple, B: int) -> bool:
+    """Whether a run of this kernel takes its weight gradients after the scan: narrow steps
+    with parameters, every value argument gathered per lane (``_run_param_grads``)."""
+    return (B <= DEFER_MAX_LANES and bool(sig.params) and not sig.op.row_gather
+            and all(m == GATHER for m in modes))
+
+
+def _run_param_grads(sig, modes: tuple, B: int, T: int):
+    """The parameter cotangents of a run of ``T`` steps as one batch of ``T x B`` lanes:
+    inputs re-read from the value arenas, output cotangents from the gradient arenas (both
+    complete once the run's scan is done), the forward recomputed (cheap for narrow steps)
+    and ``jax.vjp`` taken w.r.t. the parameters only."""
+    out_off, val_off, int_off = _offsets(sig, modes, B)
+    N = T * B
+    flat = _batched(sig, modes, N)
+
+    def grads(garenas, varenas, params, packets):
+        lanes = lax.iota(jnp.int32, B)
+        live = (lanes[None, :] < packets[:, :1]).reshape(N)  # padded lanes: no cotangent
+        cts = []
+        for j, a in enumerate(sig.out_akeys):
+            ct = garenas[a][(packets[:, out_off[j]][:, None] + lanes[None, :]).reshape(N)]
+            cts.append(jnp.where(live.reshape((N,) + (1,) * (ct.ndim - 1)), ct, 0))
+        xs = tuple(varenas[a][packets[:, o:o + B].reshape(N)]
+                   for a, o in zip(sig.in_akeys, val_off))
+        ints = tuple(packets[:, o:o + B].reshape(N) for o in int_off)
+        _, vjp = jax.vjp(lambda ps: flat(xs, ps, ints), params)
+        if get_device().platform == "cpu":  # weight gradients in XLA:CPU's fast form
+            vjp = materialised_transposes(vjp)
+        return vjp(tuple(cts))[0]
+
+    return grads
 
 
 def _load(arena, block, start):

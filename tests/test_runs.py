@@ -12,6 +12,7 @@ import pytest
 import dynax as dx
 from dynax.executor import engine as engine_module
 from dynax.graph.computation_graph import _compile_count
+from dynax.ops.registry import SIG_CACHE
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 IN, HID = 3, 4
@@ -133,3 +134,54 @@ def test_steps_above_the_size_limit_launch_one_by_one(monkeypatch):
     single = _run("agenda", xs, ws)
     assert fused[3]["launches"] < fused[3]["batches"] == single[3]["launches"]
     np.testing.assert_allclose(single[0], fused[0], **TOL)
+
+
+def _multi(strategy, seqs, ws):
+    """Loss sum over sequences and steps of <h_t, w_t>: the sequences' steps batch together
+    (lanes = sequences still running), so runs are a few lanes wide, some of them padding."""
+    for p in PC.parameters():
+        p.zero_grad()
+    dx.renew_cg(autobatch=strategy)
+    states = [LSTM.initial_state().transduce([dx.input(x) for x in xs]) for xs in seqs]
+    dx.forward([h for hs in states for h in hs])  # the steps first: consecutive batches
+    loss = dx.esum([dx.dot_product(h, dx.input(w_t))
+                    for hs, w in zip(states, ws) for h, w_t in zip(hs, w)])
+    value = loss.scalar_value()
+    loss.backward()
+    return value, [np.asarray(p.grad) for p in PC.parameters()]
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_narrow_runs_take_weight_gradients_after_the_scan(strategy, monkeypatch):
+    """Runs of at most DEFER_MAX_LANES lanes compute their weight gradients in one product
+    after the reversed scan (kernels.backward_run_kernel): equal to jax.grad, to the
+    node-by-node reference, and to the per-step accumulation it replaces."""
+    from dynax.executor import kernels
+    lengths = (6, 3, 9)  # 3 lanes (bucket 4: one padded), then 2, then 1
+    data = [_data(n, seed=10 + n) for n in lengths]
+    seqs, ws = [d[0] for d in data], [d[1] for d in data]
+    deferred = []
+    real = kernels._run_param_grads
+    monkeypatch.setattr(kernels, "_run_param_grads",
+                        lambda sig, modes, B, T: deferred.append(B) or real(sig, modes, B, T))
+    for sig in set(SIG_CACHE.values()):  # earlier tests compiled these runs already
+        sig.kernels.clear()
+    value, grads = _multi(strategy, seqs, ws)
+    assert deferred and max(deferred) > 1, deferred  # padded multi-lane runs were deferred
+    ref_value, ref_grads = _multi("none", seqs, ws)
+    monkeypatch.setattr(kernels, "DEFER_MAX_LANES", 0)
+    for sig in set(SIG_CACHE.values()):
+        sig.kernels.clear()
+    step_value, step_grads = _multi(strategy, seqs, ws)
+    vals = [p.value for p in PC.parameters()]
+
+    def loss_fn(vals):
+        return sum(jnp.dot(h, w_t) for xs, w in zip(seqs, ws)
+                   for h, w_t in zip(ref_states(vals, xs), w))
+
+    for v in (value, step_value, ref_value):
+        np.testing.assert_allclose(v, loss_fn(vals), **TOL)
+    for g, r, s, j in zip(grads, ref_grads, step_grads, jax.grad(loss_fn)(vals)):
+        np.testing.assert_allclose(g, j, **TOL)
+        np.testing.assert_allclose(g, r, **TOL)
+        np.testing.assert_allclose(g, s, **TOL)

@@ -189,8 +189,8 @@ def test_arrays_the_user_holds_survive_an_update():
 ])
 def test_dense_parameters_the_user_holds_survive_an_update(make_trainer):
     """Dense parameters are updated in place too (their arrays donated to the step): an
-    array read through ``value`` stays valid and unchanged, and the update matches the
-    same step taken on a copy, while a loop that reads nothing updates in place."""
+    array read through ``value`` stays valid and unchanged, while a loop that reads nothing
+    updates in place (the step's arithmetic: the next test)."""
     pc = dx.ParameterCollection(seed=0)
     W = pc.add_parameters((3, 4), name="W")
     E = pc.add_lookup_parameters((5, 4), name="E")

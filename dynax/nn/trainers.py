@@ -54,9 +54,9 @@ class Trainer:
         self._base_learning_rate = None  # what a convenience trainer gave optax
         self._names: tuple = ()
         self._state: dict = {}  # group name -> optax state
-        # Values and optimizer state are updated in place (donated; the table's gradient too):
-        # writing new arrays cost RNN LM's 3.3M-value Adam step 4.2 ms against 2.4 ms in
-        # place. A value the user has read is copied first (``Parameter._own_value``).
+        # Values and optimizer state are updated in place (donated): writing new arrays cost
+        # RNN LM's Adam step over 3.3M values 4.8 ms against 3.1 ms in place. A value the
+        # user has read is copied first (``Parameter._own_value``).
         self._dense_step = jax.jit(self._apply, donate_argnums=(0, 2))
         self._sparse_step = jax.jit(self._apply_rows, donate_argnums=(0, 2))
         # zeroing the used gradient rows in place is its own kernel: inside the step, XLA

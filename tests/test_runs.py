@@ -151,6 +151,11 @@ def _multi(strategy, seqs, ws):
     return value, [np.asarray(p.grad) for p in PC.parameters()]
 
 
+def _clear_kernels():
+    for sig in set(SIG_CACHE.values()):
+        sig.kernels.clear()
+
+
 @pytest.mark.parametrize("strategy", ["depth", "agenda"])
 def test_narrow_runs_take_weight_gradients_after_the_scan(strategy, monkeypatch):
     """Runs of at most DEFER_MAX_LANES lanes compute their weight gradients in one product
@@ -164,14 +169,12 @@ def test_narrow_runs_take_weight_gradients_after_the_scan(strategy, monkeypatch)
     real = kernels._run_param_grads
     monkeypatch.setattr(kernels, "_run_param_grads",
                         lambda sig, modes, B, T: deferred.append(B) or real(sig, modes, B, T))
-    for sig in set(SIG_CACHE.values()):  # earlier tests compiled these runs already
-        sig.kernels.clear()
+    _clear_kernels()  # earlier tests compiled these runs already
     value, grads = _multi(strategy, seqs, ws)
     assert deferred and max(deferred) > 1, deferred  # padded multi-lane runs were deferred
     ref_value, ref_grads = _multi("none", seqs, ws)
     monkeypatch.setattr(kernels, "DEFER_MAX_LANES", 0)
-    for sig in set(SIG_CACHE.values()):
-        sig.kernels.clear()
+    _clear_kernels()
     step_value, step_grads = _multi(strategy, seqs, ws)
     vals = [p.value for p in PC.parameters()]
 
@@ -185,5 +188,4 @@ def test_narrow_runs_take_weight_gradients_after_the_scan(strategy, monkeypatch)
         np.testing.assert_allclose(g, j, **TOL)
         np.testing.assert_allclose(g, r, **TOL)
         np.testing.assert_allclose(g, s, **TOL)
-    for sig in set(SIG_CACHE.values()):  # later tests get the usual (deferring) kernels
-        sig.kernels.clear()
+    _clear_kernels()  # later tests get the usual (deferring) kernels

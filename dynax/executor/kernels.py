@@ -78,6 +78,18 @@ def _lane_mask(packet, B, ndim):
     return mask.reshape((B,) + (1,) * (ndim - 1))
 
 
+def _read_cotangents(arenas_of, sig, out_off, packet, B):
+    """The output cotangents of one batch (its block of B rows per output), padded lanes
+    masked to zero."""
+    cts = []
+    for j, a in enumerate(sig.out_akeys):
+        ct = lax.dynamic_slice_in_dim(arenas_of(a), packet[out_off[j]], B, 0)
+        if B > 1:
+            ct = jnp.where(_lane_mask(packet, B, ct.ndim), ct, 0)
+        cts.append(ct)
+    return cts
+
+
 def _read_inputs(arenas_of, sig, modes, val_off, packet, B):
     xs = []
     for k, (m, off) in enumerate(zip(modes, val_off)):
@@ -245,12 +257,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     def kernel(garenas, pgrads, varenas, params, saved, packet):
         ints = tuple(packet[o:o + B] for o in int_off)
         garenas = list(garenas)
-        cts = []
-        for j, a in enumerate(sig.out_akeys):
-            ct = lax.dynamic_slice_in_dim(garenas[g_akeys.index(a)], packet[out_off[j]], B, 0)
-            if B > 1:
-                ct = jnp.where(_lane_mask(packet, B, ct.ndim), ct, 0)
-            cts.append(ct)
+        cts = _read_cotangents(lambda a: garenas[g_akeys.index(a)], sig, out_off, packet, B)
         cts = lax.optimization_barrier(cts)  # read before the in-place updates (see forward)
 
         if sig.op.row_gather:  # table[i]: scatter-add row cotangents into the table gradient
@@ -283,8 +290,10 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
             idx = jnp.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
             upd = jnp.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
             garenas[g] = garenas[g].at[idx].add(upd)
-        if fresh or not param_grads:  # (unused parameter cotangents are dead code to XLA)
-            return tuple(garenas), tuple(dps) if param_grads else ()
+        if not param_grads:  # the unused parameter cotangents are dead code to XLA
+            return tuple(garenas), ()
+        if fresh:
+            return tuple(garenas), tuple(dps)
         return tuple(garenas), tuple(g + d for g, d in zip(pgrads, dps))
 
     k = Kernel(jax.jit(kernel, donate_argnums=(0, 1)), g_akeys, v_akeys, {})
@@ -346,31 +355,27 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
         return k
     if not _defers(sig, modes, B):
         step = backward_kernel(sig, modes, gflags, B, forward)
+        read_akeys = step.read_akeys
 
         def kernel(garenas, pgrads, varenas, params, saved, packets):
             def body(carry, xs):
                 return step.fn(*carry, varenas, params, *xs), None
             return lax.scan(body, (garenas, pgrads), (saved, packets), reverse=True)[0]
+    else:
+        step = backward_kernel(sig, modes, gflags, B, forward, param_grads=False)
+        n_step = len(step.read_akeys)  # the step's own value arenas come first
+        read_akeys = _unique(step.read_akeys + sig.in_akeys)
+        weight_grads = _run_param_grads(sig, modes, B, T)
 
-        k = Kernel(jax.jit(kernel, donate_argnums=(0, 1)), step.write_akeys, step.read_akeys,
-                   {})
-        sig.kernels[key] = k
-        return k
+        def kernel(garenas, pgrads, varenas, params, saved, packets):
+            def body(carry, xs):
+                return step.fn(carry, (), varenas[:n_step], params, *xs)[0], None
+            garenas = lax.scan(body, garenas, (saved, packets), reverse=True)[0]
+            dps = weight_grads(dict(zip(step.write_akeys, garenas)),
+                               dict(zip(read_akeys, varenas)), params, packets)
+            return garenas, tuple(g + d for g, d in zip(pgrads, dps))
 
-    step = backward_kernel(sig, modes, gflags, B, forward, param_grads=False)
-    n_step = len(step.read_akeys)
-    v_akeys = _unique(step.read_akeys + _unique(sig.in_akeys))
-    weight_grads = _run_param_grads(sig, modes, B, T)
-
-    def kernel(garenas, pgrads, varenas, params, saved, packets):
-        def body(carry, xs):
-            return step.fn(carry, (), varenas[:n_step], params, *xs)[0], None
-        garenas = lax.scan(body, garenas, (saved, packets), reverse=True)[0]
-        dps = weight_grads(dict(zip(step.write_akeys, garenas)),
-                           dict(zip(v_akeys, varenas)), params, packets)
-        return garenas, tuple(g + d for g, d in zip(pgrads, dps))
-
-    k = Kernel(jax.jit(kernel, donate_argnums=(0, 1)), step.write_akeys, v_akeys, {})
+    k = Kernel(jax.jit(kernel, donate_argnums=(0, 1)), step.write_akeys, read_akeys, {})
     sig.kernels[key] = k
     return k
 
@@ -392,19 +397,18 @@ def _run_param_grads(sig, modes: tuple, B: int, T: int):
     flat = _batched(sig, modes, N)
 
     def grads(garenas, varenas, params, packets):
-        lanes = lax.iota(jnp.int32, B)
-        live = (lanes[None, :] < packets[:, :1]).reshape(N)  # padded lanes: no cotangent
-        cts = []
-        for j, a in enumerate(sig.out_akeys):
-            ct = garenas[a][(packets[:, out_off[j]][:, None] + lanes[None, :]).reshape(N)]
-            cts.append(jnp.where(live.reshape((N,) + (1,) * (ct.ndim - 1)), ct, 0))
-        xs = tuple(varenas[a][packets[:, o:o + B].reshape(N)]
-                   for a, o in zip(sig.in_akeys, val_off))
-        ints = tuple(packets[:, o:o + B].reshape(N) for o in int_off)
+        def step_lanes(packet):  # what one step's kernel reads: inputs, ints, cotangents
+            return (tuple(_read_inputs(varenas.get, sig, modes, val_off, packet, B)),
+                    tuple(packet[o:o + B] for o in int_off),
+                    tuple(_read_cotangents(garenas.get, sig, out_off, packet, B)))
+
+        stacked = jax.vmap(step_lanes)(packets)  # (T, B, ...) -> (T x B, ...)
+        xs, ints, cts = jax.tree_util.tree_map(lambda x: x.reshape((N,) + x.shape[2:]),
+                                               stacked)
         _, vjp = jax.vjp(lambda ps: flat(xs, ps, ints), params)
         if get_device().platform == "cpu":  # weight gradients in XLA:CPU's fast form
             vjp = materialised_transposes(vjp)
-        return vjp(tuple(cts))[0]
+        return vjp(cts)[0]
 
     return grads
 

@@ -112,3 +112,21 @@ def test_parameters_of_equal_shape_share_kernels():
     v2 = step(W2)
     assert _compile_count() == before
     assert v2 == pytest.approx(float(np.sum(np.tanh(np.asarray(W2.value) @ x))), rel=1e-5)
+
+
+def test_compile_log_names_the_op_pass_and_lanes(caplog):
+    """JAX's compile log (``jax.log_compiles``) names each batch kernel after its op, its
+    pass and its lane count, so a user can tell what a slow first update compiles."""
+    @dx.function
+    def squash_sum(x):
+        return jnp.sum(jnp.tanh(x))
+
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 2))
+    with jax.log_compiles(), caplog.at_level("WARNING"):
+        dx.renew_cg()
+        loss = dx.esum([squash_sum(W @ dx.input(np.full(2, i, np.float32)))
+                        for i in range(3)])
+        loss.backward()
+    text = caplog.text
+    assert "squash_sum_fwd_B4" in text and "squash_sum_bwd_B4" in text, text[-2000:]

@@ -35,6 +35,13 @@ class Kernel(NamedTuple):
     meta: dict  # forward kernels saving residuals: their vjp's pytree structure
 
 
+def _jit(fn, name: str, donate: tuple):
+    """``jax.jit`` of a kernel, named so that JAX's compile log (``jax_log_compiles``) and
+    profiler traces say which op, pass and batch size each compilation is for."""
+    fn.__name__ = fn.__qualname__ = name
+    return jax.jit(fn, donate_argnums=donate)
+
+
 def _unique(xs):
     out = []
     for x in xs:
@@ -182,7 +189,7 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
                 warenas[w], block.astype(warenas[w].dtype), packet[out_off[js[0]]], 0)
         return tuple(warenas), saved
 
-    k = Kernel(jax.jit(kernel, donate_argnums=(0,)), w_akeys, r_akeys, meta)
+    k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}", (0,)), w_akeys, r_akeys, meta)
     sig.kernels[key] = k
     return k
 
@@ -296,7 +303,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
             return tuple(garenas), tuple(dps)
         return tuple(garenas), tuple(g + d for g, d in zip(pgrads, dps))
 
-    k = Kernel(jax.jit(kernel, donate_argnums=(0, 1)), g_akeys, v_akeys, {})
+    k = Kernel(_jit(kernel, f"{sig.op.name}_bwd_B{B}", (0, 1)), g_akeys, v_akeys, {})
     sig.kernels[key] = k
     return k
 
@@ -328,8 +335,8 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
     def kernel(warenas, rarenas, params, packets):
         return lax.scan(lambda w, packet: step.fn(w, rarenas, params, packet), warenas, packets)
 
-    k = Kernel(jax.jit(kernel, donate_argnums=(0,)), step.write_akeys, step.read_akeys,
-               step.meta)
+    k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}_T{T}", (0,)), step.write_akeys,
+               step.read_akeys, step.meta)
     sig.kernels[key] = k
     return k
 
@@ -375,7 +382,8 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
                                dict(zip(read_akeys, varenas)), params, packets)
             return garenas, tuple(g + d for g, d in zip(pgrads, dps))
 
-    k = Kernel(jax.jit(kernel, donate_argnums=(0, 1)), step.write_akeys, read_akeys, {})
+    k = Kernel(_jit(kernel, f"{sig.op.name}_bwd_B{B}_T{T}", (0, 1)), step.write_akeys,
+               read_akeys, {})
     sig.kernels[key] = k
     return k
 

@@ -90,7 +90,7 @@ def main(argv=None) -> dict:
     rng = np.random.default_rng(0)
     pool = random_trees(2000, seed=3, vocab=VOCAB)
     model = Model()
-    trainer = dx.Trainer(model.pc, optax.adam(1e-3))
+    trainer = dx.Trainer(model.pc, optax.adam(1e-3), sparse_updates=True)
     rss, dev, losses, compiles = [], [], [], []
     t0 = time.perf_counter()
     print(f"soak: {args.steps} updates of 8-64 trees ({args.autobatch}), "

@@ -421,7 +421,7 @@ def main(argv=None) -> dict:
     # ---- model ------------------------------------------------------------------------------
     pc = dx.ParameterCollection(seed=args.seed)
     model = BiLSTMParser(pc, len(VOCAB), args.dim, args.hidden, args.mlp)
-    trainer = dx.AdamTrainer(pc, alpha=args.lr)
+    trainer = dx.AdamTrainer(pc, alpha=args.lr, sparse_updates=True)  # lazy Adam on tables
     print(f"BiLSTM arc-standard parser: embedding {args.dim}, BiLSTM {args.hidden}, MLP "
           f"{args.mlp}, {pc.parameter_count()} parameters; Adam lr {args.lr}, "
           f"{args.batch} sentences/update")

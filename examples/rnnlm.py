@@ -316,7 +316,8 @@ def main(argv=None) -> dict:
     # ---- model ------------------------------------------------------------------------------
     pc = dx.ParameterCollection(seed=args.seed)
     model = LSTMLanguageModel(pc, len(VOCAB), args.dim, args.hidden)
-    trainer = dx.AdamTrainer(pc, alpha=args.lr)  # E gets lazy sparse (row-wise) Adam updates
+    # E gets lazy sparse (row-wise) Adam updates: the used rows only
+    trainer = dx.AdamTrainer(pc, alpha=args.lr, sparse_updates=True)
     print(f"LSTM LM: embedding {args.dim}, hidden {args.hidden}, {pc.parameter_count()} "
           f"parameters; Adam lr {args.lr}, {args.batch} sentences/update")
     batches = minibatches(train, args.batch, np.random.default_rng(args.seed + 1))

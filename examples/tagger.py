@@ -258,7 +258,8 @@ def main(argv=None) -> dict:
     # ---- model ------------------------------------------------------------------------------
     pc = dx.ParameterCollection(seed=args.seed)
     model = BiLSTMTagger(pc, len(VOCAB), args.dim, args.hidden, len(TAGS))
-    trainer = dx.AdamTrainer(pc, alpha=args.lr)  # E gets lazy sparse (row-wise) Adam updates
+    # E gets lazy sparse (row-wise) Adam updates: the used rows only
+    trainer = dx.AdamTrainer(pc, alpha=args.lr, sparse_updates=True)
     print(f"BiLSTM tagger: embedding {args.dim}, BiLSTM {args.hidden}, "
           f"{pc.parameter_count()} parameters; Adam lr {args.lr} (sparse row updates of the "
           f"embeddings), {args.batch} sentences/update")

@@ -363,7 +363,7 @@ def main(argv=None) -> dict:
     # ---- model --------------------------------------------------------------------------------
     pc = dx.ParameterCollection(seed=args.seed)
     model = TopDownTreeLSTM(pc, args.dim, args.hidden)
-    trainer = dx.AdamTrainer(pc, alpha=args.lr)
+    trainer = dx.AdamTrainer(pc, alpha=args.lr, sparse_updates=True)  # lazy Adam on tables
     print(f"Doubly-recurrent top-down Tree-LSTM: label embedding {args.dim}, LSTMs "
           f"{args.hidden}, {pc.parameter_count()} parameters; Adam lr {args.lr}, "
           f"{args.batch} trees/update")

@@ -320,7 +320,7 @@ def main(argv=None) -> dict:
     # ---- model ------------------------------------------------------------------------------
     pc = dx.ParameterCollection(seed=args.seed)
     model = TreeLSTMClassifier(pc, len(VOCAB), args.dim, args.hidden, N_CLASSES)
-    trainer = dx.AdamTrainer(pc, alpha=args.lr)
+    trainer = dx.AdamTrainer(pc, alpha=args.lr, sparse_updates=True)  # lazy Adam on tables
     print(f"Tree-LSTM: embedding {args.dim}, hidden {args.hidden}, "
           f"{pc.parameter_count()} parameters; Adam lr {args.lr}, minibatch {args.batch}; "
           f"XLA:CPU threads per kernel: {args.cpu_threads or 'one per core'}")

@@ -548,3 +548,41 @@ def test_class_factored_layout_and_errors():
     dx.renew_cg()
     lc = CLASS_SOFT.class_log_distribution(dx.input(np.ones(HID)))
     np.testing.assert_allclose(np.exp(lc.npvalue()).sum(), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["none", "agenda"])
+def test_parameters_as_builder_inputs(strategy):
+    """A Parameter joins a graph by itself (API.md), builders included: a learned initial
+    state, a learned start input, a learned leaf vector. It computes what ``dx.parameter(p)``
+    computes, and its gradient reaches ``p.grad``."""
+    pc = dx.ParameterCollection(seed=0)
+    lstm = dx.nn.LSTMBuilder(1, 3, 4, pc)
+    bi = dx.nn.BiRNNBuilder(1, 3, 4, pc, dx.nn.LSTMBuilder)
+    tree = dx.nn.TreeLSTMBuilder(3, 4, pc)
+    soft = dx.nn.StandardSoftmaxBuilder(4, 6, pc)
+    start = pc.add_parameters((3,), init="normal", name="start")
+    c0 = pc.add_parameters((4,), init="normal", name="c0")
+    h0 = pc.add_parameters((4,), init="normal", name="h0")
+
+    def loss(wrap):
+        s = lstm.initial_state([wrap(c0), wrap(h0)]).add_input(wrap(start))
+        leaf_h, _ = tree.leaf(wrap(start))
+        terms = [soft.neg_log_softmax(s.output(), 2), dx.sum_elems(leaf_h)]
+        terms += [dx.sum_elems(h) for h in bi.transduce([wrap(start), dx.input(np.ones(3))])]
+        terms.append(dx.sum_elems(soft.full_log_distribution(wrap(h0))))
+        return dx.esum(terms)
+
+    results = []
+    for wrap in (lambda p: p, dx.parameter):
+        dx.renew_cg(autobatch=strategy)
+        value = loss(wrap)
+        v = value.value()
+        value.backward()
+        results.append((v, [np.array(p.grad) for p in (start, c0, h0)]))
+        for p in pc.parameters():
+            p.zero_grad()
+    (v1, g1), (v2, g2) = results
+    assert v1 == pytest.approx(v2, rel=1e-6)
+    for a, b in zip(g1, g2):
+        assert np.abs(a).sum() > 0
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

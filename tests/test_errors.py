@@ -322,7 +322,7 @@ def test_failed_call_with_array_operand_adds_nothing():
     assert (st1["nodes"], st1["values"]) == (st0["nodes"], st0["values"])
 
 
-@pytest.mark.parametrize("op", [dx.esum, dx.average], ids=["esum", "average"])
+@pytest.mark.parametrize("op", [dx.esum, dx.average, dx.emax], ids=["esum", "average", "emax"])
 def test_failed_list_op_on_fresh_graph_adds_nothing(op):
     """esum/average pad lists with a shared zero constant: a failing call must not add it."""
     cg = dx.renew_cg()
@@ -330,7 +330,49 @@ def test_failed_list_op_on_fresh_graph_adds_nothing(op):
     st0 = cg.stats()
     with pytest.raises(ValueError) as ei:
         op([a, b, a])
-    check_message(ei.value, op.__name__, "(3,)", "(4,)")
+    check_message(ei.value, op.__name__, "(3,)", "(4,)", "item 1")
+    st1 = cg.stats()
+    assert (st1["nodes"], st1["values"]) == (st0["nodes"], st0["values"])
+
+
+@pytest.mark.parametrize("op", [dx.esum, dx.average, dx.emax], ids=["esum", "average", "emax"])
+def test_failed_long_list_op_names_itself_and_the_item(op):
+    """A list longer than one node's worth is reduced in chunks; the error still names the
+    op the user called and the offending item's index in the user's list, not a chunk."""
+    cg = dx.renew_cg()
+    a, b = inp(3), inp(4)
+    st0 = cg.stats()
+    with pytest.raises(ValueError) as ei:
+        op([a] * 20 + [b])
+    check_message(ei.value, op.__name__, "item 0 has shape (3,)", "item 20 has (4,)")
+    assert "esum" not in str(ei.value) or op is dx.esum
+    st1 = cg.stats()
+    assert (st1["nodes"], st1["values"]) == (st0["nodes"], st0["values"])
+
+
+def _softmax_calls():
+    pc = dx.ParameterCollection(seed=0)
+    std = dx.nn.StandardSoftmaxBuilder(5, 7, pc)
+    cls = dx.nn.ClassFactoredSoftmaxBuilder(5, [0, 0, 1, 1, 2], pc)
+    bad = np.ones(3, np.float32)  # an array: a constant the failed call must not leave
+    return {
+        "standard full_logits": lambda: std.full_logits(bad),
+        "standard full_log_distribution": lambda: std.full_log_distribution(bad),
+        "standard neg_log_softmax": lambda: std.neg_log_softmax(bad, 1),
+        "factored neg_log_softmax": lambda: cls.neg_log_softmax(bad, 1),
+        "factored bad label": lambda: cls.neg_log_softmax(np.ones(5, np.float32), 9),
+        "factored full_log_distribution": lambda: cls.full_log_distribution(bad),
+        "factored class_log_distribution": lambda: cls.class_log_distribution(bad),
+    }
+
+
+@pytest.mark.parametrize("call", list(_softmax_calls()))
+def test_failed_softmax_builder_call_adds_nothing(call):
+    cg = dx.renew_cg()
+    run = _softmax_calls()[call]
+    st0 = cg.stats()
+    with pytest.raises(ValueError):
+        run()
     st1 = cg.stats()
     assert (st1["nodes"], st1["values"]) == (st0["nodes"], st0["values"])
 

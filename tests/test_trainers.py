@@ -65,7 +65,7 @@ def test_sparse_equals_dense_for_sgd_and_adagrad(cls, kw):
 
 def test_lazy_adam_moves_only_touched_rows_and_matches_adam_on_them():
     pc, E, W = build()
-    trainer = dx.AdamTrainer(pc, alpha=0.1)
+    trainer = dx.AdamTrainer(pc, alpha=0.1, sparse_updates=True)
     E0 = np.array(E.value)
     step(trainer, E, W, [1, 2])
     E1 = np.array(E.value)
@@ -195,3 +195,140 @@ def test_bad_learning_rates_are_refused_and_change_nothing():
         dx.SimpleSGDTrainer(pc, learning_rate=optax.constant_schedule(0.1)).learning_rate = 0.5
     with pytest.raises(ValueError, match="learning_rate_scale"):
         dx.SimpleSGDTrainer(pc, learning_rate=0.0).learning_rate = 0.5
+
+
+def optax_reference(tx, params, steps, loss):
+    """``params`` after ``tx`` applied to ``jax.grad(loss)`` once per item of ``steps``."""
+    state = tx.init(params)
+    for rows in steps:
+        g = jax.grad(loss)(params, rows)
+        upd, state = tx.update(g, state, params)
+        params = optax.apply_updates(params, upd)
+    return params
+
+
+def loss_with_tables(E, F, W, rows_e, rows_f):
+    terms = [dx.sum_elems(dx.tanh(W))]
+    terms += [dx.sum_elems(dx.tanh(E[r])) for r in rows_e]
+    terms += [dx.sum_elems(dx.tanh(F[r]) * 2.0) for r in rows_f]
+    return dx.esum(terms)
+
+
+def ref_with_tables(p, rows):
+    rows_e, rows_f = rows
+    return (jnp.sum(jnp.tanh(p["W"])) + sum(jnp.sum(jnp.tanh(p["E"][r])) for r in rows_e)
+            + sum(jnp.sum(jnp.tanh(p["F"][r]) * 2.0) for r in rows_f))
+
+
+@pytest.mark.parametrize("make_tx", [
+    lambda: optax.sgd(optax.exponential_decay(1.0, transition_steps=1, decay_rate=0.5)),
+    lambda: optax.adagrad(optax.piecewise_constant_schedule(0.5, {2: 0.1}))])
+def test_sparse_updates_stay_exact_under_a_schedule_when_a_table_is_not_used(make_tx):
+    """A table left out of an update still advances its step count, so a schedule gives its
+    later row updates the rate Optax gives them (SGD and Adagrad: sparse is exact)."""
+    steps = [([0], [1]), ([], [2]), ([], []), ([1], [1])]  # E unused twice, F once
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((4, 3), name="E")
+    F = pc.add_lookup_parameters((5, 2), name="F")
+    W = pc.add_parameters((2,), name="W")
+    start = {"E": E.value, "F": F.value, "W": W.value}
+    trainer = dx.Trainer(pc, make_tx(), sparse_updates=True)
+    for rows_e, rows_f in steps:
+        dx.renew_cg()
+        loss_with_tables(E, F, W, rows_e, rows_f).backward()
+        trainer.update()
+    want = optax_reference(make_tx(), start, steps, ref_with_tables)
+    for p in (E, F, W):
+        np.testing.assert_allclose(p.value, want[p.name], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("make", [
+    lambda pc: dx.Trainer(pc, optax.adam(0.1)), lambda pc: dx.AdamTrainer(pc, alpha=0.1),
+    lambda pc: dx.Trainer(pc, optax.adamw(0.1, weight_decay=0.1)),
+    lambda pc: dx.MomentumSGDTrainer(pc, learning_rate=0.1)])
+def test_default_updates_of_tables_equal_optax_for_optimizers_with_state(make):
+    """API.md: tables are updated sparsely where that is exact; for Adam and the like it is
+    the user's choice, so by default a table follows Optax exactly (rows left out of an
+    update still move)."""
+    steps = [([0, 2], [1]), ([1], []), ([3], [4])]
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((4, 3), name="E")
+    F = pc.add_lookup_parameters((5, 2), name="F")
+    W = pc.add_parameters((2,), name="W")
+    start = {"E": E.value, "F": F.value, "W": W.value}
+    trainer = make(pc)
+    assert trainer.sparse_updates is False
+    for rows_e, rows_f in steps:
+        dx.renew_cg()
+        loss_with_tables(E, F, W, rows_e, rows_f).backward()
+        trainer.update()
+    tx = trainer.tx
+    want = optax_reference(tx, start, steps, ref_with_tables)
+    for p in (E, F, W):
+        np.testing.assert_allclose(p.value, want[p.name], rtol=1e-5, atol=1e-6)
+
+
+def test_exact_convenience_trainers_update_tables_sparsely_by_default():
+    pc, E, W = build()
+    assert dx.SimpleSGDTrainer(pc).sparse_updates and dx.AdagradTrainer(pc).sparse_updates
+    assert not dx.RMSPropTrainer(pc).sparse_updates
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_adding_a_parameter_keeps_the_state_of_the_others(sparse):
+    """A parameter (or table) added after training began gets fresh optimizer state; the
+    others keep their moments and the step count goes on (DyNet does the same), so the
+    existing parameters follow Optax's trajectory exactly."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3,), name="W")
+    E = pc.add_lookup_parameters((4, 3), name="E")
+    start = {"W": W.value, "E": E.value}
+    trainer = dx.Trainer(pc, optax.adam(0.1), sparse_updates=sparse)
+    steps = [[0, 1], [0, 1], [0, 1]]
+    late = []
+    for k, rows in enumerate(steps):
+        if k == 2:  # e.g. a builder made once training runs
+            late = [pc.add_parameters((2,), name="late"),
+                    pc.add_lookup_parameters((3, 2), name="late_table")]
+            late_start = [np.array(p.value) for p in late]
+        dx.renew_cg()
+        terms = [dx.sum_elems(dx.tanh(W) * 3.0)] + [dx.sum_elems(dx.tanh(E[r])) for r in rows]
+        terms += [dx.sum_elems(late[0]), dx.sum_elems(late[1][0])] if late else []
+        dx.esum(terms).backward()
+        trainer.update()
+
+    def ref(p, rows):
+        return jnp.sum(jnp.tanh(p["W"]) * 3.0) + sum(jnp.sum(jnp.tanh(p["E"][r])) for r in rows)
+
+    want = optax_reference(optax.adam(0.1), start, steps, ref)
+    np.testing.assert_allclose(W.value, want["W"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(E.value, want["E"], rtol=1e-6, atol=1e-7)
+    # the late ones took one Adam step, gradient 1, at the shared step count 3
+    m, v = 0.1, 0.001  # first moments from zero: (1 - b1) g, (1 - b2) g^2
+    step_size = 0.1 * (m / (1 - 0.9 ** 3)) / (np.sqrt(v / (1 - 0.999 ** 3)) + 1e-8)
+    np.testing.assert_allclose(late[0].value, late_start[0] - step_size, rtol=1e-5)
+    table = np.asarray(late[1].value)
+    np.testing.assert_allclose(table[0], late_start[1][0] - step_size, rtol=1e-5)
+    np.testing.assert_array_equal(table[1:], late_start[1][1:])  # gradient 0: no move
+
+
+def test_sparse_mode_refuses_an_optimizer_without_row_wise_state():
+    """Adafactor keeps factored second moments of a large table (one per row, one per
+    column): gathering rows cannot update them, so sparse mode says so and changes
+    nothing; dense mode equals Optax."""
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((200, 130), name="E")
+    before = np.array(E.value)
+    trainer = dx.Trainer(pc, optax.adafactor(0.1), sparse_updates=True)
+    dx.renew_cg()
+    dx.sum_elems(dx.tanh(E[3])).backward()
+    with pytest.raises(ValueError, match=r"sparse_updates.*\(130,\).*'E'.*\(200, 130\)"):
+        trainer.update()
+    np.testing.assert_array_equal(E.value, before)
+    assert float(jnp.abs(E.grad).sum()) > 0  # the gradient is still there
+    trainer.sparse_updates = False  # the user's fix: the same trainer, dense
+    trainer.update()
+    tx = optax.adafactor(0.1)
+    g = jax.grad(lambda e: jnp.sum(jnp.tanh(e[3])))(jnp.asarray(before))
+    upd, _ = tx.update(g, tx.init(jnp.asarray(before)), jnp.asarray(before))
+    np.testing.assert_allclose(E.value, before + np.asarray(upd), rtol=1e-5, atol=1e-7)

@@ -185,7 +185,7 @@ def quick_compare(task, argv=None) -> None:
                 secs.append(time.perf_counter() - t0)
         else:
             model = task.DynaxModel(seed=0)
-            trainer = dx.Trainer(model.pc, optax.adam(task.LR))
+            trainer = dx.Trainer(model.pc, optax.adam(task.LR), sparse_updates=True)
             for batch in batches[:warm + timed]:
                 t0 = time.perf_counter()
                 dx.renew_cg(autobatch=system)

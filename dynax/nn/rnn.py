@@ -31,6 +31,7 @@ from ..graph.computation_graph import current_graph
 from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.function import function
+from .parameters import Parameter
 
 
 # ---- cells: one single-instance step each (one graph node per call) ----------------------------
@@ -77,12 +78,33 @@ def _check_dims(who, **dims):
 
 
 def _as_expr(x):
-    return x if isinstance(x, Expression) else ops.input(x)
+    """A builder's vector argument as an Expression: a Parameter joins the graph as itself
+    (a learned start vector or initial state), an array as a constant."""
+    if type(x) is Expression:
+        return x
+    if isinstance(x, Parameter):
+        return ops.parameter(x)
+    return ops.input(x)
 
 
 def _check_vector(who, what, x, dim):
     if tuple(x.shape) != (dim,):
         raise ShapeError(f"{who}: {what} must have shape ({dim},), got {tuple(x.shape)}")
+
+
+def _vector_arg(who, what, x, dim):
+    """``x`` as an Expression of shape ``(dim,)``; if it does not fit, the error leaves the
+    graph as it was (an array's constant is removed again)."""
+    if type(x) is Expression:
+        _check_vector(who, what, x, dim)
+        return x
+    return ops.atomic(_converted_vector)(who, what, x, dim)
+
+
+def _converted_vector(who, what, x, dim):
+    x = _as_expr(x)
+    _check_vector(who, what, x, dim)
+    return x
 
 
 # ---- state --------------------------------------------------------------------------------------

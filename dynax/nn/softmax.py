@@ -17,7 +17,7 @@ from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.function import function
 from ..ops.registry import HEAVY, OpDef
-from .rnn import _as_expr, _check_dims, _check_vector, _fresh_subcollection
+from .rnn import _as_expr, _check_dims, _check_vector, _fresh_subcollection, _vector_arg
 
 
 class StandardSoftmaxBuilder:
@@ -36,8 +36,7 @@ class StandardSoftmaxBuilder:
 
     def full_logits(self, h) -> Expression:
         """The unnormalised scores ``W h + b`` (shape ``(vocab,)``)."""
-        h = _as_expr(h)
-        _check_vector("StandardSoftmaxBuilder", "h", h, self.input_dim)
+        h = _vector_arg("StandardSoftmaxBuilder", "h", h, self.input_dim)
         return ops.affine_transform([self.b, self.W, h])
 
     @ops.atomic
@@ -126,9 +125,7 @@ class ClassFactoredSoftmaxBuilder:
         return self.pc
 
     def _h(self, h):
-        h = _as_expr(h)
-        _check_vector("ClassFactoredSoftmaxBuilder", "h", h, self.input_dim)
-        return h
+        return _vector_arg("ClassFactoredSoftmaxBuilder", "h", h, self.input_dim)
 
     def class_log_distribution(self, h) -> Expression:
         """``log p(class | h)`` over all classes (shape ``(n_classes,)``)."""
@@ -136,11 +133,11 @@ class ClassFactoredSoftmaxBuilder:
 
     def neg_log_softmax(self, h, label: int) -> Expression:
         """``-log p(label | h) = -log p(class | h) - log p(label | class, h)`` (a scalar)."""
-        h = self._h(h)
         if not isinstance(label, numbers.Integral) or not 0 <= label < self.vocab_size:
             raise IndexOutOfRangeError(
                 f"ClassFactoredSoftmaxBuilder.neg_log_softmax: label {label!r} out of range "
                 f"[0, {self.vocab_size})")
+        h = self._h(h)  # after the label check: a failure adds nothing to the graph
         k = self.word_to_class[label]
         loss = ops.pickneglogsoftmax(ops.affine_transform([self.bc, self.Wc, h]), k)
         if self.R[k] is not None:

@@ -1,14 +1,19 @@
 """Trainers: apply the gradients accumulated in a ParameterCollection with any Optax transform.
 
 Sparse lookup updates. A lookup table's gradient is non-zero only on the rows read since the
-last update, so by default (``sparse_updates=True``) a table is updated on those rows only:
-the optimizer runs on the gathered rows of the parameter, the gradient and every state leaf of
-the table's shape, and the results are scattered back. Scalar state (Adam's step count) is
-shared. This is exact for optimizers whose update of a row with zero gradient is zero and
-leaves its state unchanged (SGD, Adagrad); for the others (Adam, momentum, RMSProp) it is the
-"lazy" variant: untouched rows keep their moments and do not move, as in DyNet's sparse
-updates and TensorFlow's LazyAdam. ``sparse_updates=False`` applies ``tx`` densely to all
-parameters jointly, exactly as Optax would.
+last update, so with ``sparse_updates=True`` a table is updated on those rows only: the
+optimizer runs on the gathered rows of the parameter, the gradient and every state leaf of the
+table's shape, and the results are scattered back. Scalar state (the step count that Adam's
+bias correction and Optax's schedules read) advances with every update, whether the table
+was used or not, as it does for every other parameter. This is exact for optimizers whose
+update of a row with zero gradient is zero and leaves its state unchanged (SGD, Adagrad), so
+``SimpleSGDTrainer`` and ``AdagradTrainer`` update sparsely by default. For the others (Adam,
+momentum, RMSProp) it is the "lazy" variant, which a user chooses: untouched rows keep their
+moments and do not move, as in DyNet's sparse updates and TensorFlow's LazyAdam. Otherwise
+(``sparse_updates=False``, the default of ``Trainer`` and the other convenience trainers)
+``tx`` applies densely to all parameters jointly, exactly as Optax would. A state leaf that is
+neither per element nor scalar (Adafactor's factored moments) has no row-wise form: sparse
+mode refuses such an optimizer rather than compute something else.
 
 In sparse mode the ordinary parameters share one Optax state and each lookup table has its
 own, so a transform whose update couples parameters (e.g. ``optax.clip_by_global_norm``) sees
@@ -32,7 +37,10 @@ class Trainer:
     Args:
       pc: the ParameterCollection to train.
       tx: any Optax gradient transformation.
-      sparse_updates: update lookup tables on the rows used since the last update only.
+      sparse_updates: update lookup tables on the rows used since the last update only (see
+        the module doc: exact for SGD and Adagrad, the "lazy" variant for Adam and the
+        like). Default: ``False`` here; ``True`` for ``SimpleSGDTrainer`` and
+        ``AdagradTrainer``, where it is exact.
       clip_threshold: if set, rescale all gradients so their global L2 norm is at most this.
 
     ``learning_rate_scale`` (default 1.0) multiplies every update that ``tx`` returns. Set it
@@ -43,11 +51,14 @@ class Trainer:
     trainers below also offer DyNet's ``trainer.learning_rate`` on top of it.
     """
 
-    def __init__(self, pc, tx: optax.GradientTransformation, sparse_updates: bool = True,
-                 clip_threshold: float | None = None):
+    sparse_is_exact = False  # a subclass whose optimizer a row-wise update leaves exact
+
+    def __init__(self, pc, tx: optax.GradientTransformation,
+                 sparse_updates: bool | None = None, clip_threshold: float | None = None):
         self.pc = pc
         self.tx = tx
-        self.sparse_updates = sparse_updates
+        self.sparse_updates = self.sparse_is_exact if sparse_updates is None \
+            else bool(sparse_updates)
         self.clip_threshold = clip_threshold
         self.updates = 0
         self.learning_rate_scale = 1.0
@@ -62,6 +73,7 @@ class Trainer:
         # zeroing the used gradient rows in place is its own kernel: inside the step, XLA
         # copied the whole gradient table twice to order the read before the write
         self._zero_rows = jax.jit(lambda grad, rows: grad.at[rows].set(0.0), donate_argnums=(0,))
+        self._tick = jax.jit(self._advance_count, donate_argnums=(1,))
         self.last_grad_norm: float | None = None
 
     # ---- pure steps -------------------------------------------------------------------------
@@ -91,6 +103,20 @@ class Trainer:
         # copies of 20000x300, 130 ms, instead of in-place row scatters)
         return value.at[rows].set(new_rows), state
 
+    def _advance_count(self, value, state):
+        """The state of a table no update touched this time: its scalar leaves (the step
+        count) advance as an update would advance them; its rows stay as they are."""
+        shape = value.shape
+
+        def take(leaf):
+            return leaf[:1] if getattr(leaf, "shape", None) == shape else leaf
+
+        zero_row = jnp.zeros((1,) + shape[1:], value.dtype)
+        _, new_sub = self.tx.update(zero_row, jax.tree_util.tree_map(take, state), value[:1])
+        return jax.tree_util.tree_map(
+            lambda leaf, sub: leaf if getattr(leaf, "shape", None) == shape else sub,
+            state, new_sub)
+
     # ---- bookkeeping ----------------------------------------------------------------------------
     def _groups(self, params):
         if not self.sparse_updates:
@@ -103,14 +129,23 @@ class Trainer:
         names = tuple(p.name for p in params)
         if names == self._names:
             return
-        self._names = names  # parameters were added: (re)start the optimizer state
+        # parameters were added: state for them, the others keep theirs
         groups, tables = self._groups(params)
         # committed to the device like the step's outputs, so the second step hits the cache
         device = get_device()
-        self._state = {"": jax.device_put(self.tx.init({p.name: p._value for p in groups[""]}),
-                                          device)}
+        old = self._state
+        state = self.tx.init({p.name: p._value for p in groups[""]})
+        new = {"": jax.device_put(_carry_over(state, old.get("")), device)}
         for p in tables:
-            self._state[p.name] = jax.device_put(self.tx.init(p._value), device)
+            if p.name in old:
+                new[p.name] = old[p.name]
+                continue
+            state = self.tx.init(p._value)
+            _check_row_wise(p, state)
+            if "" in old:  # a new table's step count starts where the others' stand
+                state = _carry_over(state, old[""], per_parameter=False)
+            new[p.name] = jax.device_put(state, device)
+        self._names, self._state = names, new
 
     def _scale(self, params) -> float:
         if self.clip_threshold is None:
@@ -183,7 +218,11 @@ class Trainer:
         self.learning_rate_scale = _non_negative(value, f"{name}.learning_rate") / float(base)
 
     def _update_table(self, p: LookupParameter, scale, lr_scale):
-        if not p._has_grad:
+        if not p._has_grad:  # no row to update; the step count advances all the same
+            state = self._state[p.name]
+            if any(getattr(leaf, "shape", None) != p.shape
+                   for leaf in jax.tree_util.tree_leaves(state)):
+                self._state[p.name] = self._tick(p._value, state)
             return
         value = p._own_value()
         if p.touched is None:  # used as a whole somewhere: dense step for this table
@@ -208,6 +247,40 @@ class Trainer:
         return s
 
 
+def _carry_over(new, old, per_parameter: bool = True):
+    """``new`` (a freshly initialised Optax state) with every leaf that ``old`` has at the
+    same place (same path in the pytree, same shape) taken from ``old``: parameters added to
+    a collection get fresh moments, the others keep theirs and the step count goes on, as in
+    DyNet. Without ``per_parameter`` only leaves outside the per-parameter dicts (the step
+    count) are taken."""
+    if old is None:
+        return new
+    known = {path: leaf for path, leaf in jax.tree_util.tree_leaves_with_path(old)}
+
+    def pick(path, leaf):
+        if not per_parameter and any(isinstance(k, jax.tree_util.DictKey) for k in path):
+            return leaf
+        prev = known.get(path)
+        ok = prev is not None and getattr(prev, "shape", None) == getattr(leaf, "shape", None)
+        # a copy: the steps donate their state, and ``old`` may be another group's
+        return jnp.array(prev, copy=True) if ok else leaf
+
+    return jax.tree_util.tree_map_with_path(pick, new)
+
+
+def _check_row_wise(p: LookupParameter, state) -> None:
+    """Raise unless every leaf of a table's optimizer state is per element (the table's
+    shape) or scalar, the two kinds a row-wise update can handle."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        shape = getattr(leaf, "shape", ())
+        if shape not in ((), tuple(p.shape)):
+            raise ValueError(
+                f"sparse_updates: the optimizer keeps state of shape {tuple(shape)} "
+                f"({jax.tree_util.keystr(path)}) for lookup table {p.name!r} of shape "
+                f"{tuple(p.shape)}; only state per element or scalar state can be updated "
+                "row by row. Use sparse_updates=False for this optimizer.")
+
+
 def _non_negative(value, what: str) -> float:
     """``value`` as a float, or a ValueError naming ``what`` unless finite and >= 0."""
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
@@ -217,7 +290,9 @@ def _non_negative(value, what: str) -> float:
 
 
 class SimpleSGDTrainer(Trainer):
-    """Plain SGD: ``p -= learning_rate * grad`` (sparse updates are exact)."""
+    """Plain SGD: ``p -= learning_rate * grad`` (lookup tables sparsely: it is exact)."""
+
+    sparse_is_exact = True
 
     def __init__(self, pc, learning_rate=0.1, **kwargs):
         super().__init__(pc, optax.sgd(learning_rate), **kwargs)
@@ -233,7 +308,9 @@ class MomentumSGDTrainer(Trainer):
 
 
 class AdagradTrainer(Trainer):
-    """Adagrad (sparse updates are exact)."""
+    """Adagrad (lookup tables sparsely: it is exact)."""
+
+    sparse_is_exact = True
 
     def __init__(self, pc, learning_rate=0.1, eps: float = 1e-20, **kwargs):
         super().__init__(pc, optax.adagrad(learning_rate, eps=eps), **kwargs)
@@ -241,7 +318,8 @@ class AdagradTrainer(Trainer):
 
 
 class AdamTrainer(Trainer):
-    """Adam (Kingma & Ba, 2015); lookup tables get lazy sparse updates by default."""
+    """Adam (Kingma & Ba, 2015); ``sparse_updates=True`` gives lookup tables the lazy,
+    row-wise variant (DyNet's default), faster on large tables."""
 
     def __init__(self, pc, alpha=1e-3, beta_1: float = 0.9, beta_2: float = 0.999,
                  eps: float = 1e-8, **kwargs):

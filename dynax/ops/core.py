@@ -583,13 +583,30 @@ def _zero_like(xs):
     return Expression(g, g.zero_constant(akey_of(xs[0].shape, FLOAT)))
 
 
+def _name_the_item(opname, items):
+    """Called while a list op handles a ShapeError: raise one naming the op and the first
+    item whose shape differs from item 0's (the error of the node underneath names a chunk
+    node, its padding included), else re-raise. Only on failure: the hot path checks
+    nothing extra."""
+    first = tuple(items[0].shape)
+    bad = next((i for i, x in enumerate(items) if tuple(x.shape) != first), None)
+    if bad is None:
+        raise  # the error being handled
+    raise ShapeError(f"{opname}: all items must have the same shape; item 0 has shape "
+                     f"{first}, item {bad} has {tuple(items[bad].shape)}") from None
+
+
 @atomic
 def esum(xs):
     """Sum of a list of expressions of one shape."""
-    xs = _chunked(_list_args(xs, "esum"), _esum_node)
-    if len(xs) == 1:
-        return _as_expression(xs[0], "esum")
-    return _esum_node(xs)
+    items = _list_args(xs, "esum")
+    try:
+        xs = _chunked(items, _esum_node)
+        if len(xs) == 1:
+            return _as_expression(xs[0], "esum")
+        return _esum_node(xs)
+    except ShapeError:
+        _name_the_item("esum", items)
 
 
 def _esum_node(xs):
@@ -599,19 +616,25 @@ def _esum_node(xs):
 @atomic
 def average(xs):
     """Mean of a list of expressions of one shape."""
-    xs = _list_args(xs, "average")
-    n = len(xs)
-    xs = _chunked(xs, _esum_node)
-    return _padded(AVERAGE, xs, _zero_like(xs), "i", (n,))
+    items = _list_args(xs, "average")
+    try:
+        xs = _chunked(items, _esum_node)
+        return _padded(AVERAGE, xs, _zero_like(xs), "i", (len(items),))
+    except ShapeError:
+        _name_the_item("average", items)
 
 
 @atomic
 def emax(xs):
     """Elementwise maximum of a list of expressions of one shape."""
-    xs = _chunked(_list_args(xs, "emax"), _emax_node)
-    if len(xs) == 1:
-        return _as_expression(xs[0], "emax")
-    return _emax_node(xs)
+    items = _list_args(xs, "emax")
+    try:
+        xs = _chunked(items, _emax_node)
+        if len(xs) == 1:
+            return _as_expression(xs[0], "emax")
+        return _emax_node(xs)
+    except ShapeError:
+        _name_the_item("emax", items)
 
 
 def _emax_node(xs):  # the count of real items masks the padding

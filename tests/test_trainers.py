@@ -328,7 +328,28 @@ def test_sparse_mode_refuses_an_optimizer_without_row_wise_state():
     assert float(jnp.abs(E.grad).sum()) > 0  # the gradient is still there
     trainer.sparse_updates = False  # the user's fix: the same trainer, dense
     trainer.update()
+    assert trainer.updates == 1
     tx = optax.adafactor(0.1)
     g = jax.grad(lambda e: jnp.sum(jnp.tanh(e[3])))(jnp.asarray(before))
     upd, _ = tx.update(g, tx.init(jnp.asarray(before)), jnp.asarray(before))
     np.testing.assert_allclose(E.value, before + np.asarray(upd), rtol=1e-5, atol=1e-7)
+
+
+def test_switching_the_update_mode_between_updates():
+    """``sparse_updates`` changed between updates: the state is rebuilt for the new layout
+    (no crash), and the dense parameter keeps its Adam state, so it follows Optax."""
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((4, 3), name="E")
+    F = pc.add_lookup_parameters((5, 2), name="F")
+    W = pc.add_parameters((2,), name="W")
+    start = {"E": E.value, "F": F.value, "W": W.value}
+    trainer = dx.Trainer(pc, optax.adam(0.1), sparse_updates=True)
+    steps = [([0, 2], [1]), ([1], []), ([3], [4]), ([0], [0])]
+    for k, (rows_e, rows_f) in enumerate(steps):
+        trainer.sparse_updates = k % 2 == 0
+        dx.renew_cg()
+        loss_with_tables(E, F, W, rows_e, rows_f).backward()
+        trainer.update()
+    want = optax_reference(optax.adam(0.1), start, steps, ref_with_tables)
+    np.testing.assert_allclose(W.value, want["W"], rtol=1e-6, atol=1e-7)
+    assert trainer.updates == len(steps)

@@ -126,10 +126,10 @@ class Trainer:
         return {"": dense}, tables
 
     def _sync(self, params):
-        names = tuple(p.name for p in params)
+        names = (tuple(p.name for p in params), self.sparse_updates)  # what the state is for
         if names == self._names:
             return
-        # parameters were added: state for them, the others keep theirs
+        # parameters were added (or the mode changed): state for them, the others keep theirs
         groups, tables = self._groups(params)
         # committed to the device like the step's outputs, so the second step hits the cache
         device = get_device()
@@ -319,7 +319,7 @@ class AdagradTrainer(Trainer):
 
 class AdamTrainer(Trainer):
     """Adam (Kingma & Ba, 2015); ``sparse_updates=True`` gives lookup tables the lazy,
-    row-wise variant (DyNet's default), faster on large tables."""
+    row-wise variant (DyNet's default)."""
 
     def __init__(self, pc, alpha=1e-3, beta_1: float = 0.9, beta_2: float = 0.999,
                  eps: float = 1e-8, **kwargs):

@@ -471,3 +471,26 @@ def test_a_batch_that_fails_to_run_is_named_and_earlier_values_still_read():
         dx.sum_elems(t).value()
     dx.renew_cg()  # a new graph works again
     assert dx.sum_elems(dx.input(np.ones(3))).value() == 3.0
+
+
+def test_a_kernel_that_failed_to_trace_is_not_reused():
+    """A callback without a JVP rule cannot be traced for a training forward (which saves
+    vjp residuals); that failure must not poison the function: an evaluation graph, which
+    would otherwise reuse the cached training kernel, computes it."""
+    def host_round(a):
+        return np.round(a).astype(np.float32)
+
+    @dx.function
+    def rounded(h):
+        return jax.pure_callback(host_round, jax.ShapeDtypeStruct(h.shape, h.dtype), h,
+                                 vmap_method="broadcast_all")
+
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 3), name="W")
+    x = np.array([0.4, 1.6, -2.2], np.float32)
+    dx.renew_cg(train=True)
+    with pytest.raises(ValueError, match="JVP"):
+        rounded(W @ dx.input(x)).npvalue()
+    dx.renew_cg(train=False)
+    np.testing.assert_array_equal(rounded(W @ dx.input(x)).npvalue(),
+                                  np.round(np.asarray(W.value) @ x))

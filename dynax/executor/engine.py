@@ -210,10 +210,17 @@ class Engine:
         """``_launch``; an error there (compiling or running the kernel, e.g. a function JAX
         cannot batch) names the op, and leaves the graph failed: its rows are handed out
         part-way, so nothing more can run on it."""
+        sig = run[0][0]
+        n_kernels = len(sig.kernels)
         try:
             self._launch(g, run)
         except Exception as e:
-            sig, nodes = run[0][0], run[0][5]
+            nodes = run[0][5]
+            # kernels made by this launch (cached in insertion order) may be what failed to
+            # trace or compile: none stays cached, or later graphs would reuse it (an
+            # evaluation reuses a training kernel)
+            for key in list(sig.kernels)[n_kernels:]:
+                del sig.kernels[key]
             what = (f"a batch of {sum(len(s[5]) for s in run)} '{sig.op.name}' node(s) (the "
                     f"first built as node {nodes[0]})")
             first_line = str(e).splitlines()[0] if str(e) else ""

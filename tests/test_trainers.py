@@ -353,3 +353,24 @@ def test_switching_the_update_mode_between_updates():
     want = optax_reference(optax.adam(0.1), start, steps, ref_with_tables)
     np.testing.assert_allclose(W.value, want["W"], rtol=1e-6, atol=1e-7)
     assert trainer.updates == len(steps)
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_adagrad_trainer_follows_dynets_formula(sparse):
+    """``h += g^2; p -= lr g / sqrt(h + eps)`` from ``h = 0``: the first step moves each
+    element by ``lr`` times the sign of its gradient, whatever the gradient's size."""
+    pc, E, W = build()
+    trainer = dx.AdagradTrainer(pc, learning_rate=0.1, sparse_updates=sparse)
+    e0, w0 = np.array(E.value), np.array(W.value)
+    h_w, h_e = np.zeros_like(w0), np.zeros_like(e0)
+    for rows in ([1, 2], [2]):
+        dx.renew_cg()
+        loss_of(E, W, rows).backward()
+        g_w, g_e = np.array(W.grad), np.array(E.grad)
+        trainer.update()
+        h_w += g_w ** 2
+        h_e += g_e ** 2
+        w0 = w0 - 0.1 * g_w / np.sqrt(h_w + 1e-20)
+        e0 = e0 - 0.1 * np.where(h_e > 0, g_e / np.sqrt(h_e + 1e-20), 0.0)
+        np.testing.assert_allclose(W.value, w0, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(E.value, e0, rtol=1e-5, atol=1e-6)

@@ -176,3 +176,20 @@ def test_nested_function_calls_inline():
         out.backward()
         assert_close(W.grad, jax.grad(ref)(W.value))
         assert cg.stats()["nodes"] == 3 + 3 + 1  # 3 outer, 3 sum_elems, 1 esum
+
+
+def test_numpy_bool_is_a_static_argument_like_a_python_bool():
+    """``np.True_`` is static like ``True`` (NumPy floats already were): the same
+    signature, one batch, and the value of plain JAX."""
+    @dx.function
+    def maybe_negated(x, negate):
+        return -x if negate else x
+
+    cg = dx.renew_cg(autobatch="agenda")
+    x = np.arange(3, dtype=np.float32)
+    ys = [maybe_negated(dx.input(x), flag) for flag in (True, np.True_, False, np.False_)]
+    total = dx.esum(ys)
+    np.testing.assert_allclose(total.npvalue(), np.zeros(3), atol=0)
+    np.testing.assert_allclose(ys[1].npvalue(), -x)
+    batches = [b.nodes for b in cg.batches if b.sig.op is maybe_negated.op]
+    assert sorted(map(len, batches)) == [2, 2]  # one per flag value, NumPy or Python

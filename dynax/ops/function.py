@@ -108,7 +108,7 @@ class Function:
                 kinds.append("i"); items.append(int(a))
             elif isinstance(a, np.ndarray):
                 kinds.append("n"); items.append(a)
-            elif a is None or isinstance(a, (str, numbers.Number, tuple)):
+            elif a is None or isinstance(a, (str, numbers.Number, tuple, np.bool_)):
                 try:
                     hash(a)
                 except TypeError:

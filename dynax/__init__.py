@@ -27,6 +27,9 @@ def forward(exprs) -> None:
         if not isinstance(e, Expression):
             raise ArgumentTypeError(f"forward: expected Expressions, got {type(e).__name__}")
         e.g.check_alive()
+        if e.g is not exprs[0].g:
+            raise ArgumentTypeError("forward: the expressions belong to different graphs "
+                                    "(each thread builds its own); pass one graph's at a time")
     if exprs:
         # their values are also copied to the host together, so reading each one after
         # this (``e.npvalue()``, ``e.value()``) is a host-side lookup, not a device round trip

@@ -405,3 +405,26 @@ def test_builder_errors_name_the_user_line(case):
     with pytest.raises(ValueError) as ei:
         build()
     check_message(ei.value, names, part)
+
+
+def test_expressions_of_another_threads_graph_are_named_as_such():
+    """Graphs are per thread: an expression built on another thread's (still current)
+    graph is refused with a message that says so, in an op and in ``dx.forward`` (which
+    used to fail with an IndexError from inside the engine)."""
+    import threading
+    built = {}
+
+    def build():
+        dx.renew_cg()
+        built["e"] = dx.tanh(dx.input(np.ones(2, np.float32)))
+
+    t = threading.Thread(target=build)
+    t.start()
+    t.join()
+    dx.renew_cg()
+    mine = dx.tanh(dx.input(np.full(2, 0.5, np.float32)))
+    with pytest.raises(ValueError, match="another thread's computation graph"):
+        mine + built["e"]
+    with pytest.raises(ValueError, match="different graphs"):
+        dx.forward([mine, built["e"]])
+    np.testing.assert_allclose(mine.npvalue(), np.tanh(0.5), rtol=1e-6)  # nothing broken

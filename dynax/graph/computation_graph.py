@@ -261,6 +261,10 @@ def _stale(expr, opname):
     from .expression import Expression
     if not isinstance(expr, Expression):
         raise ArgumentTypeError(f"{opname}: expected an Expression, got {type(expr).__name__}")
+    if expr.g.alive:  # graphs are per thread: another thread's current graph
+        raise ArgumentTypeError(
+            f"{opname}: an argument belongs to another thread's computation graph; "
+            "expressions are used on the thread that built them")
     raise StaleExpressionError(
         f"{opname}: an argument belongs to a computation graph replaced by dx.renew_cg(); "
         "build expressions again on the current graph")

@@ -130,3 +130,38 @@ def test_compile_log_names_the_op_pass_and_lanes(caplog):
         loss.backward()
     text = caplog.text
     assert "squash_sum_fwd_B4" in text and "squash_sum_bwd_B4" in text, text[-2000:]
+
+
+def test_stats_count_the_graphs_own_compilations_only():
+    """``cg.stats()["compiles"]`` counts what this graph caused (API.md): its kernels and
+    the trainer's step, not the user's own ``jax.jit`` calls on the same thread, nor a
+    graph that another thread compiles meanwhile."""
+    import threading
+
+    import optax
+
+    @dx.function
+    def own_cell(x, W):
+        return jnp.sin(W @ x)
+
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 2))
+    trainer = dx.Trainer(pc, optax.sgd(0.1))
+    cg = dx.renew_cg()
+    loss = dx.sum_elems(own_cell(dx.input(np.ones(2, np.float32)), W))
+    loss.backward()
+    trainer.update()
+    ours = cg.stats()["compiles"]
+    assert ours >= 3  # forward, backward, the optimizer step (at least)
+
+    for k in range(3):  # the user's own JAX work on this thread
+        jax.jit(lambda v, k=k: v * (k + 2.0))(jnp.ones(5)).block_until_ready()
+
+    def other_thread():
+        dx.renew_cg()
+        dx.sum_elems(dx.exp(dx.input(np.full(7, 0.25, np.float32)) * 3.0)).value()
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert cg.stats()["compiles"] == ours

@@ -7,6 +7,8 @@ because building the graph is on the hot path of every training step.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import operator
 import threading
 import time
@@ -21,6 +23,20 @@ STRATEGIES = ("agenda", "depth", "none")
 
 _local = threading.local()
 _seed_counter = [0]
+
+
+def _counting_compiles(method):
+    """While ``method`` of a graph runs, the compilations on this thread count as the
+    graph's (``stats()["compiles"]``)."""
+    @functools.wraps(method)
+    def wrapper(self, *args):
+        prev = getattr(_local, "counting", None)
+        _local.counting = self
+        try:
+            return method(self, *args)
+        finally:
+            _local.counting = prev
+    return wrapper
 
 
 class ComputationGraph:
@@ -70,8 +86,8 @@ class ComputationGraph:
         self.n_batches = 0
         self.n_launches = 0  # forward kernel launches (a fused run of batches is one)
         self.n_plans_reused = 0  # forwards whose plan came from the executor's plan cache
-        self.compiles0 = _compile_count()
-        self.cache_loads0 = _cache_load_count()
+        self.executables = 0  # backend compilations this graph's work caused, loads included
+        self.cache_loads = 0  # ... of which loaded from the persistent compilation cache
         self.seconds = {"build": 0.0, "schedule": 0.0, "forward": 0.0, "backward": 0.0}
         self._mark = time.perf_counter()
         self.engine = _engine()
@@ -207,6 +223,7 @@ class ComputationGraph:
                 f"{what} belongs to a computation graph replaced by dx.renew_cg(); "
                 "build expressions again on the current graph")
 
+    @_counting_compiles
     def forward_to(self, value_id: int | None = None):
         """Compute every pending node (incremental forward)."""
         self.check_alive()
@@ -221,6 +238,7 @@ class ComputationGraph:
         self.engine.forward(self)
         self._mark = time.perf_counter()
 
+    @_counting_compiles
     def backward(self, value_id: int):
         self.check_alive()
         self.forward_to(value_id)
@@ -234,9 +252,14 @@ class ComputationGraph:
         self.check_alive()
         if value_id in self.host_values:  # already on the host (even if the graph failed since)
             return self.host_values[value_id]
+        return self._read_device(value_id)
+
+    @_counting_compiles
+    def _read_device(self, value_id: int) -> np.ndarray:
         self.forward_to(value_id)
         return self.engine.read(self, value_id)
 
+    @_counting_compiles
     def fetch(self, value_ids) -> None:
         """Compute, then copy the given values to the host together (one gather per shape),
         so that reading each of them afterwards costs no device round trip."""
@@ -247,14 +270,28 @@ class ComputationGraph:
     def stats(self) -> dict:
         """Counters of this graph: nodes, batches (groups of nodes run as one), launches
         (forward kernel launches: consecutive batches of one kernel run as one ``lax.scan``),
-        compiles (new XLA compilations since the graph was made, by any code of the process),
-        cache_loads (compiled kernels loaded from ``dx.set_compilation_cache``'s directory
-        instead), plans reused and seconds per phase."""
+        compiles (new XLA compilations caused by this graph: its forward and backward passes
+        and reads, and the trainer updates made while it is the thread's current graph; not
+        the user's own ``jax.jit`` calls, nor other threads' work), cache_loads (compiled
+        kernels loaded from ``dx.set_compilation_cache``'s directory instead), plans reused
+        and seconds per phase."""
         return {"nodes": len(self.node_sig), "values": len(self.val_node),
-                "batches": self.n_batches, "compiles": _compile_count() - self.compiles0,
-                "cache_loads": _cache_load_count() - self.cache_loads0,
+                "batches": self.n_batches, "compiles": self.executables - self.cache_loads,
+                "cache_loads": self.cache_loads,
                 "launches": self.n_launches, "plans_reused": self.n_plans_reused,
                 "seconds": dict(self.seconds)}
+
+
+@contextlib.contextmanager
+def compiles_count_for_current_graph():
+    """Compilations in the block count as the thread's current graph's (a trainer's
+    update: its step compiles once per parameter layout)."""
+    prev = getattr(_local, "counting", None)
+    _local.counting = getattr(_local, "cg", None)
+    try:
+        yield
+    finally:
+        _local.counting = prev
 
 
 def _stale(expr, opname):
@@ -306,7 +343,7 @@ def _engine():
     return eng
 
 
-# ---- compile counting: every XLA backend compilation, process-wide ----------------------------
+# ---- compile counting: every XLA backend compilation, process-wide and per graph -------------
 # JAX reports a backend compile event for each executable it needs, loaded from its
 # persistent cache (``dx.set_compilation_cache``) or compiled; loads are counted apart.
 
@@ -318,12 +355,18 @@ def _on_duration(name, *args, **kwargs):
     if name == "/jax/core/compile/backend_compile_duration":
         with _lock:
             _counts["executables"] += 1
+        g = getattr(_local, "counting", None)  # JAX compiles on the thread that asks
+        if g is not None:
+            g.executables += 1
 
 
 def _on_event(name, *args, **kwargs):
     if name == "/jax/compilation_cache/cache_hits":
         with _lock:
             _counts["cache_loads"] += 1
+        g = getattr(_local, "counting", None)
+        if g is not None:
+            g.cache_loads += 1
 
 
 def _compile_count() -> int:

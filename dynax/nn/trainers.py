@@ -28,6 +28,7 @@ import optax
 
 from ..device import get_device, zeros
 from ..executor.buckets import bucket
+from ..graph.computation_graph import compiles_count_for_current_graph
 from .parameters import LookupParameter
 
 
@@ -166,6 +167,10 @@ class Trainer:
         params = self.pc.parameters()
         if not any(p._has_grad for p in params):
             return
+        with compiles_count_for_current_graph():
+            self._update(params)
+
+    def _update(self, params) -> None:
         self._sync(params)
         scale = np.float32(self._scale(params))
         lr_scale = np.float32(self._lr_scale)

@@ -494,3 +494,22 @@ def test_a_kernel_that_failed_to_trace_is_not_reused():
     dx.renew_cg(train=False)
     np.testing.assert_array_equal(rounded(W @ dx.input(x)).npvalue(),
                                   np.round(np.asarray(W.value) @ x))
+
+
+def test_a_failed_backward_says_the_gradients_are_partial():
+    """A backward pass that fails part-way (here: a while_loop, which JAX cannot reverse)
+    cannot undo what it accumulated without a copy of every gradient; the error says so
+    and how to recover (validity mode restores them: tested above)."""
+    @dx.function
+    def halvings(x):  # values only: a dynamic loop
+        return jax.lax.while_loop(lambda v: jnp.sum(v) > 1.0, lambda v: v * 0.5, x)
+
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((2, 2), name="W")
+    dx.renew_cg()
+    loss = dx.sum_elems(halvings(W @ dx.input(np.ones(2, np.float32)) + 4.0))
+    assert np.isfinite(loss.value())
+    with pytest.raises(ValueError) as err:
+        loss.backward()
+    assert any("partly accumulated" in n and "check_validity" in n
+               for n in getattr(err.value, "__notes__", []))

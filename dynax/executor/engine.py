@@ -416,7 +416,14 @@ class Engine:
         grads = self._gradient_arenas(g)
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
         if not g.check_validity:
-            return self._backward_batches(g, grads, loss_node)
+            try:
+                return self._backward_batches(g, grads, loss_node)
+            except Exception as e:  # restoring needs a copy of every gradient: validity mode
+                e.add_note("dynax: the backward pass stopped part-way, so the parameters' "
+                           "gradients are partly accumulated; zero them (p.zero_grad()) "
+                           "before an update, or build with dx.renew_cg(check_validity=True) "
+                           "to have a failed backward leave them as they were")
+                raise
         snapshot = _gradient_snapshot(g.batches)
         try:
             self._backward_batches(g, grads, loss_node)

@@ -247,10 +247,12 @@ def test_values_read_are_the_callers_own_copies():
 # ---- emax splits tied gradients as jnp.max does ------------------------------------------------
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("n", [3, 20])  # 20: reduced in chunks of 16
-def test_emax_ties_match_jax_grad(strategy, n):
+@pytest.mark.parametrize("n,tied", [(3, (0, 1)), (20, (0, 1)), (40, (0, 1, 17, 35))])
+def test_emax_ties_match_jax_grad(strategy, n, tied):
+    """Ties split as jnp.max splits them, equally among all tied items, also where lists
+    longer than esum's chunks put them far apart (the audit's case: 17 and more items)."""
     pc = dx.ParameterCollection(seed=0)
-    vals = [np.ones(3), np.ones(3)] + [np.zeros(3)] * (n - 2)
+    vals = [np.ones(3) if i in tied else np.zeros(3) for i in range(n)]
     ps = [pc.add_parameters((3,), init=v, name=f"p{i}") for i, v in enumerate(vals)]
     dx.renew_cg(autobatch=strategy)
     y = dx.sum_elems(dx.emax(ps))

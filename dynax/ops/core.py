@@ -555,14 +555,18 @@ def _padded(op, xs, pad, extra_kinds="", extra=()):
 
 
 MAX_LIST = 16  # longer lists reduce in chunks: one small kernel per chunk size, batched
+# emax takes up to this many items in one node: chunks of a max split the gradient of exact
+# ties per chunk (two tied chunks get half each, however many tied items each holds), where
+# jnp.max splits it equally among all tied items
+EMAX_MAX_LIST = 1024
 
 
-def _chunked(xs, node):
-    """Reduce a long list in chunks of MAX_LIST, ``node(chunk)`` making one node of each
+def _chunked(xs, node, limit=MAX_LIST):
+    """Reduce a long list in chunks of ``limit``, ``node(chunk)`` making one node of each
     (the chunk nodes share a signature, so they run as one batch), until one node's worth
     is left; returns that remaining list."""
-    while len(xs) > MAX_LIST:
-        chunks = [xs[i:i + MAX_LIST] for i in range(0, len(xs), MAX_LIST)]
+    while len(xs) > limit:
+        chunks = [xs[i:i + limit] for i in range(0, len(xs), limit)]
         xs = [node(c) if len(c) > 1 else c[0] for c in chunks]
     return xs
 
@@ -626,10 +630,12 @@ def average(xs):
 
 @atomic
 def emax(xs):
-    """Elementwise maximum of a list of expressions of one shape."""
+    """Elementwise maximum of a list of expressions of one shape. Exact ties split the
+    gradient equally among the tied items, as ``jnp.max`` does (up to EMAX_MAX_LIST items;
+    beyond, per chunk of that many)."""
     items = _list_args(xs, "emax")
     try:
-        xs = _chunked(items, _emax_node)
+        xs = _chunked(items, _emax_node, EMAX_MAX_LIST)
         if len(xs) == 1:
             return _as_expression(xs[0], "emax")
         return _emax_node(xs)

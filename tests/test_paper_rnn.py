@@ -95,7 +95,8 @@ def test_agenda_groups_loss_nodes_of_all_lengths(model):
 
 @pytest.mark.parametrize("n", [1, 2, 17, 300])
 def test_long_list_reductions_match_numpy_and_stay_small(n):
-    """esum / average / emax over long lists reduce in chunks of at most 16 arguments."""
+    """esum and average over long lists reduce in chunks of at most 16 arguments; emax
+    takes up to 1,024 in one node (ties split as jnp.max splits them)."""
     rng = np.random.default_rng(n)
     data = rng.normal(size=(n, 3)).astype(np.float32)
     pc = dx.ParameterCollection(seed=0)
@@ -111,4 +112,8 @@ def test_long_list_reductions_match_numpy_and_stay_small(n):
         assert_close(mx.npvalue(), (data * av).max(0), what=strategy)
         dx.sum_elems(s + m).backward()
         assert_close(a.grad, data.sum(0) * (1 + 1 / n), rtol=1e-4, what=strategy)
-        assert max(len(cg.node_vals[i]) for i in range(len(cg.node_sig))) <= 16
+        sizes = [len(cg.node_vals[i]) for i in range(len(cg.node_sig))
+                 if cg.node_sig[i].op.name != "emax"]
+        assert max(sizes) <= 16
+        emax_nodes = [i for i in range(len(cg.node_sig)) if cg.node_sig[i].op.name == "emax"]
+        assert len(emax_nodes) == (n > 1)  # one node (a single item is itself)

@@ -375,11 +375,6 @@ def _compile_count() -> int:
         return _counts["executables"] - _counts["cache_loads"]
 
 
-def _cache_load_count() -> int:
-    """Executables loaded from the persistent compilation cache so far in this process."""
-    return _counts["cache_loads"]
-
-
 def _install_listener():
     import jax.monitoring
     jax.monitoring.register_event_duration_secs_listener(_on_duration)

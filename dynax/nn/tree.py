@@ -13,7 +13,7 @@ from ..errors import InvalidArgumentError
 from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.function import function
-from .rnn import _as_expr, _check_dims, _check_vector, _fresh_subcollection
+from .rnn import _as_expr, _check_dims, _check_vector, _fresh_subcollection, _vector_arg
 
 
 @function
@@ -86,13 +86,7 @@ class TreeLSTMBuilder:
 
     def leaf(self, x) -> tuple[Expression, Expression]:
         """``(h, c)`` of a leaf reading ``x`` (a vector of ``input_dim``)."""
-        if type(x) is not Expression:  # an array becomes a constant: undone on failure
-            return ops.atomic(self._leaf)(x)
-        return self._leaf(x)
-
-    def _leaf(self, x):
-        x = _as_expr(x)
-        _check_vector("TreeLSTMBuilder.leaf", "x", x, self.input_dim)
+        x = _vector_arg("TreeLSTMBuilder.leaf", "x", x, self.input_dim)
         return _leaf_cell(x, self.W, self.b_leaf)
 
     def compose(self, left, right) -> tuple[Expression, Expression]:

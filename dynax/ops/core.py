@@ -6,6 +6,7 @@ Shapes are checked at construction, where the user's line is; a failed call chan
 """
 from __future__ import annotations
 
+import functools
 import numbers
 import sys
 
@@ -44,7 +45,6 @@ def _kind(x, opname):
 def atomic(fn):
     """Make a composite construction all-or-nothing: if it raises, every node and constant
     it added (array operands turned into inputs, list padding, chunk nodes) is removed."""
-    import functools
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -600,47 +600,53 @@ def _name_the_item(opname, items):
                      f"{first}, item {bad} has {tuple(items[bad].shape)}") from None
 
 
-@atomic
+def _list_op(fn):
+    """A list operation ``fn(xs)`` over the user's list checked and converted by
+    ``_list_args``: all or nothing (``atomic``), and a shape error names the op and the
+    offending item (``_name_the_item``)."""
+    name = fn.__name__
+
+    @atomic
+    @functools.wraps(fn)
+    def op(xs):
+        items = _list_args(xs, name)
+        try:
+            return fn(items)
+        except ShapeError:
+            _name_the_item(name, items)
+    return op
+
+
+def _reduced(xs, node, limit, opname):
+    """``xs`` reduced by ``node`` in chunks of at most ``limit``, then by one last node
+    (a single item is itself)."""
+    xs = _chunked(xs, node, limit)
+    return _as_expression(xs[0], opname) if len(xs) == 1 else node(xs)
+
+
+@_list_op
 def esum(xs):
     """Sum of a list of expressions of one shape."""
-    items = _list_args(xs, "esum")
-    try:
-        xs = _chunked(items, _esum_node)
-        if len(xs) == 1:
-            return _as_expression(xs[0], "esum")
-        return _esum_node(xs)
-    except ShapeError:
-        _name_the_item("esum", items)
+    return _reduced(xs, _esum_node, MAX_LIST, "esum")
 
 
 def _esum_node(xs):
     return _padded(ESUM, xs, _zero_like(xs))
 
 
-@atomic
+@_list_op
 def average(xs):
     """Mean of a list of expressions of one shape."""
-    items = _list_args(xs, "average")
-    try:
-        xs = _chunked(items, _esum_node)
-        return _padded(AVERAGE, xs, _zero_like(xs), "i", (len(items),))
-    except ShapeError:
-        _name_the_item("average", items)
+    sums = _chunked(xs, _esum_node)
+    return _padded(AVERAGE, sums, _zero_like(sums), "i", (len(xs),))
 
 
-@atomic
+@_list_op
 def emax(xs):
     """Elementwise maximum of a list of expressions of one shape. Exact ties split the
     gradient equally among the tied items, as ``jnp.max`` does (up to EMAX_MAX_LIST items;
     beyond, per chunk of that many)."""
-    items = _list_args(xs, "emax")
-    try:
-        xs = _chunked(items, _emax_node, EMAX_MAX_LIST)
-        if len(xs) == 1:
-            return _as_expression(xs[0], "emax")
-        return _emax_node(xs)
-    except ShapeError:
-        _name_the_item("emax", items)
+    return _reduced(xs, _emax_node, EMAX_MAX_LIST, "emax")
 
 
 def _emax_node(xs):  # the count of real items masks the padding

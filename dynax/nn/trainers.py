@@ -87,16 +87,12 @@ class Trainer:
     def _apply_rows(self, value, grad, state, rows, scale, lr_scale):
         """Update ``rows`` of a table (duplicates in ``rows`` carry identical data)."""
         shape = value.shape
-
-        def take(leaf):
-            return leaf[rows] if getattr(leaf, "shape", None) == shape else leaf
-
-        sub_state = jax.tree_util.tree_map(take, state)
+        sub_state = _rows_of(state, shape, rows)
         updates, new_sub = self.tx.update(grad[rows] * scale, sub_state, value[rows])
         new_rows = optax.apply_updates(value[rows], updates * lr_scale)
 
         def put(leaf, sub):
-            return leaf.at[rows].set(sub) if getattr(leaf, "shape", None) == shape else sub
+            return leaf.at[rows].set(sub) if _per_element(leaf, shape) else sub
 
         state = jax.tree_util.tree_map(put, state, new_sub)
         # outputs in the order of the donated inputs: JAX pairs donated buffers with outputs
@@ -108,15 +104,10 @@ class Trainer:
         """The state of a table no update touched this time: its scalar leaves (the step
         count) advance as an update would advance them; its rows stay as they are."""
         shape = value.shape
-
-        def take(leaf):
-            return leaf[:1] if getattr(leaf, "shape", None) == shape else leaf
-
         zero_row = jnp.zeros((1,) + shape[1:], value.dtype)
-        _, new_sub = self.tx.update(zero_row, jax.tree_util.tree_map(take, state), value[:1])
+        _, new_sub = self.tx.update(zero_row, _rows_of(state, shape, slice(0, 1)), value[:1])
         return jax.tree_util.tree_map(
-            lambda leaf, sub: leaf if getattr(leaf, "shape", None) == shape else sub,
-            state, new_sub)
+            lambda leaf, sub: leaf if _per_element(leaf, shape) else sub, state, new_sub)
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def _groups(self, params):
@@ -225,8 +216,7 @@ class Trainer:
     def _update_table(self, p: LookupParameter, scale, lr_scale):
         if not p._has_grad:  # no row to update; the step count advances all the same
             state = self._state[p.name]
-            if any(getattr(leaf, "shape", None) != p.shape
-                   for leaf in jax.tree_util.tree_leaves(state)):
+            if not all(_per_element(leaf, p.shape) for leaf in jax.tree_util.tree_leaves(state)):
                 self._state[p.name] = self._tick(p._value, state)
             return
         value = p._own_value()
@@ -250,6 +240,19 @@ class Trainer:
         if self.last_grad_norm is not None:
             s += f", last grad norm {self.last_grad_norm:.4g}"
         return s
+
+
+def _per_element(leaf, shape) -> bool:
+    """Whether an optimizer state leaf holds one value per element of a table of ``shape``
+    (Adam's moments), rather than shared state (the step count)."""
+    return getattr(leaf, "shape", None) == shape
+
+
+def _rows_of(state, shape, rows):
+    """The optimizer state of ``rows`` of a table: its per-element leaves indexed, the
+    shared ones as they are."""
+    return jax.tree_util.tree_map(lambda leaf: leaf[rows] if _per_element(leaf, shape) else leaf,
+                                  state)
 
 
 def _carry_over(new, old, per_parameter: bool = True):

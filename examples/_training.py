@@ -88,3 +88,51 @@ def compare_speed(step, batches, max_warmup: int = 4):
         updates += len(batches)
     result["ratio"] = result["agenda"] / result["none"]
     return result, updates
+
+
+def train_loop(args, step, batches, *, t_start: float, deadline: float, how: str, unit: str,
+               show_loss=lambda x: f"{x:.4f}"):
+    """Train for ``args.updates`` updates, or until ``deadline`` and for at least
+    ``args.min_updates``; print the loss curve about ten times along the way.
+
+    ``step(batch) -> (summed loss, items, compilations, extras)``: ``items`` are what the
+    loss is summed over (tokens, trees: ``unit``), ``extras`` a dict of further rates to
+    show, ``name -> (count, out of)``. Returns (curve, updates, items, seconds): curve points
+    are ``(updates, mean loss per item, *extras' rates)`` over the updates since the last.
+    """
+    t_train = time.perf_counter()
+    if args.updates:
+        print(f"Training for {args.updates} updates ({how}):")
+        log_every = 0.0
+    else:
+        log_every = max((deadline - t_train) / 10, 2.0)
+        print(f"Training for {max(deadline - t_train, 0):.0f}s, at least {args.min_updates} "
+              f"updates ({how}):")
+    curve, updates, items = [], 0, 0
+    window, extras, compiles, t_log, items_log = [], {}, 0, t_train, 0
+
+    def more():
+        if args.updates:
+            return updates < args.updates
+        return time.perf_counter() < deadline or updates < args.min_updates
+
+    while more():
+        loss, n, new_compiles, new_extras = step(next(batches))
+        window.append(loss / n)
+        for name, (k, m) in new_extras.items():
+            k0, m0 = extras.get(name, (0, 0))
+            extras[name] = (k0 + k, m0 + m)
+        items += n
+        compiles += new_compiles
+        updates += 1
+        now = time.perf_counter()
+        if args.updates and (updates % max(args.updates // 4, 1) == 0 or not more()) \
+                or not args.updates and (now - t_log >= log_every or not more()):
+            rates = [k / max(m, 1) for k, m in extras.values()]
+            curve.append((updates, float(np.mean(window)), *rates))
+            shown = "".join(f"{name} {r:.3f}  " for name, r in zip(extras, rates))
+            print(f"  update {updates:5d}  loss/{unit} {show_loss(curve[-1][1])}  {shown}"
+                  f"{(items - items_log) / (now - t_log):7.0f} {unit}s/s  {compiles:3d} "
+                  f"compiles  [{now - t_start:5.1f}s]", flush=True)
+            window, extras, compiles, t_log, items_log = [], {}, 0, now, items
+    return curve, updates, items, time.perf_counter() - t_train

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dynax as dx
-from _training import minibatches, parse_run_args, run_parser
+from _training import minibatches, parse_run_args, run_parser, train_loop
 
 # ============================================================================================
 # Data: a head-driven generator of projective dependency trees.
@@ -436,45 +436,17 @@ def main(argv=None) -> dict:
           f"({eval_seconds:.1f}s)")
 
     # ---- training ---------------------------------------------------------------------------
-    t_train = time.perf_counter()
     # the final evaluation finds its kernels compiled: it takes a fraction of the first one
     reserve = min(eval_seconds, EVAL_RESERVE) + (SPEED_RESERVE if args.speed_sentences else 0.0)
-    deadline = t_start + args.budget - reserve
-    if args.updates:
-        print(f"Training for {args.updates} updates (static oracle, autobatch='agenda'):")
-        log_every = 0.0
-    else:
-        log_every = max((deadline - t_train) / 10, 2.0)
-        print(f"Training for {max(deadline - t_train, 0):.0f}s, at least {args.min_updates} "
-              "updates (static oracle, autobatch='agenda'):")
-    curve, window, sentences, compiles, updates = [], [], 0, 0, 0
-    agree_w = dec_w = 0
-    t_log, sent_log = t_train, 0
 
-    def more():
-        if args.updates:
-            return updates < args.updates
-        return time.perf_counter() < deadline or updates < args.min_updates
-
-    while more():
-        batch = next(batches)
+    def step(batch):
         loss, agree, decisions, stats = train_step(model, trainer, batch)
-        window.append(loss / len(batch))
-        agree_w += agree
-        dec_w += decisions
-        sentences += len(batch)
-        compiles += stats["compiles"]
-        updates += 1
-        now = time.perf_counter()
-        if args.updates and (updates % max(args.updates // 4, 1) == 0 or not more()) \
-                or not args.updates and (now - t_log >= log_every or not more()):
-            curve.append((updates, float(np.mean(window)), agree_w / dec_w))
-            print(f"  update {updates:5d}  loss/sentence {curve[-1][1]:7.3f}  "
-                  f"agrees with oracle {curve[-1][2]:.3f}  "
-                  f"{(sentences - sent_log) / (now - t_log):5.0f} sentences/s  "
-                  f"{compiles:3d} compiles  [{now - t_start:5.1f}s]", flush=True)
-            window, agree_w, dec_w, t_log, sent_log, compiles = [], 0, 0, now, sentences, 0
-    train_seconds = time.perf_counter() - t_train
+        return loss, len(batch), stats["compiles"], {"agrees with oracle": (agree, decisions)}
+
+    curve, updates, sentences, train_seconds = train_loop(
+        args, step, batches, t_start=t_start, deadline=t_start + args.budget - reserve,
+        how="static oracle, autobatch='agenda'", unit="sentence",
+        show_loss=lambda x: f"{x:7.3f}")
 
     # ---- evaluation and speed -----------------------------------------------------------------
     t0 = time.perf_counter()

@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 import dynax as dx
-from _training import compare_speed, minibatches, parse_run_args, run_parser
+from _training import compare_speed, minibatches, parse_run_args, run_parser, train_loop
 
 # ============================================================================================
 # Data: a tagged lexicon, a small grammar and a seeded sentence generator.
@@ -274,40 +274,16 @@ def main(argv=None) -> dict:
           f"on {len(before_set)} held-out sentences ({eval_seconds:.1f}s)")
 
     # ---- training ---------------------------------------------------------------------------
-    t_train = time.perf_counter()
     # the final evaluation finds its kernels compiled: it takes a fraction of the first one
     reserve = min(eval_seconds, EVAL_RESERVE) + (SPEED_RESERVE if args.speed_batches else 0.0)
-    deadline = t_start + args.budget - reserve
-    if args.updates:
-        print(f"Training for {args.updates} updates (autobatch='agenda'):")
-        log_every = 0.0
-    else:
-        log_every = max((deadline - t_train) / 10, 2.0)
-        print(f"Training for {max(deadline - t_train, 0):.0f}s, at least {args.min_updates} "
-              "updates (autobatch='agenda'):")
-    curve, window, tokens, compiles, updates = [], [], 0, 0, 0
-    t_log, tok_log = t_train, 0
 
-    def more():
-        if args.updates:
-            return updates < args.updates
-        return time.perf_counter() < deadline or updates < args.min_updates
+    def step(batch):
+        loss, tokens, stats = train_step(model, trainer, batch)
+        return loss, tokens, stats["compiles"], {}
 
-    while more():
-        loss, n, stats = train_step(model, trainer, next(batches))
-        window.append(loss / n)
-        tokens += n
-        compiles += stats["compiles"]
-        updates += 1
-        now = time.perf_counter()
-        if args.updates and (updates % max(args.updates // 4, 1) == 0 or not more()) \
-                or not args.updates and (now - t_log >= log_every or not more()):
-            curve.append((updates, float(np.mean(window))))
-            print(f"  update {updates:5d}  loss/token {curve[-1][1]:.4f}  "
-                  f"{(tokens - tok_log) / (now - t_log):7.0f} tokens/s  {compiles:3d} compiles  "
-                  f"[{now - t_start:5.1f}s]", flush=True)
-            window, t_log, tok_log, compiles = [], now, tokens, 0
-    train_seconds = time.perf_counter() - t_train
+    curve, updates, tokens, train_seconds = train_loop(
+        args, step, batches, t_start=t_start, deadline=t_start + args.budget - reserve,
+        how="autobatch='agenda'", unit="token")
 
     # ---- evaluation ---------------------------------------------------------------------------
     t0 = time.perf_counter()

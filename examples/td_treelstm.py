@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dynax as dx
-from _training import compare_speed, minibatches, parse_run_args, run_parser
+from _training import compare_speed, minibatches, parse_run_args, run_parser, train_loop
 
 # ============================================================================================
 # Data: a probabilistic grammar of labelled trees, its sampler, scorer and recogniser.
@@ -383,42 +383,17 @@ def main(argv=None) -> dict:
           f"{untrained_ok:.0%} of {n_untrained} sampled trees well-formed ({eval_seconds:.1f}s)")
 
     # ---- training -----------------------------------------------------------------------------
-    t_train = time.perf_counter()
     # the final evaluation finds its kernels compiled: it takes a fraction of the first one
     reserve = (min(eval_seconds, EVAL_RESERVE) + SAMPLE_RESERVE
                + (SPEED_RESERVE if args.speed_batches else 0.0))
-    deadline = t_start + args.budget - reserve
-    if args.updates:
-        print(f"Training for {args.updates} updates (teacher forcing, autobatch='agenda'):")
-        log_every = 0.0
-    else:
-        log_every = max((deadline - t_train) / 10, 2.0)
-        print(f"Training for {max(deadline - t_train, 0):.0f}s, at least {args.min_updates} "
-              "updates (teacher forcing, autobatch='agenda'):")
-    curve, window, trees, compiles, updates = [], [], 0, 0, 0
-    t_log, trees_log = t_train, 0
 
-    def more():
-        if args.updates:
-            return updates < args.updates
-        return time.perf_counter() < deadline or updates < args.min_updates
-
-    while more():
-        batch = next(batches)
+    def step(batch):
         loss, stats = train_step(model, trainer, batch)
-        window.append(loss / len(batch))
-        trees += len(batch)
-        compiles += stats["compiles"]
-        updates += 1
-        now = time.perf_counter()
-        if args.updates and (updates % max(args.updates // 4, 1) == 0 or not more()) \
-                or not args.updates and (now - t_log >= log_every or not more()):
-            curve.append((updates, float(np.mean(window))))
-            print(f"  update {updates:5d}  loss/tree {curve[-1][1]:7.3f}  "
-                  f"{(trees - trees_log) / (now - t_log):6.0f} trees/s  {compiles:3d} compiles  "
-                  f"[{now - t_start:5.1f}s]", flush=True)
-            window, t_log, trees_log, compiles = [], now, trees, 0
-    train_seconds = time.perf_counter() - t_train
+        return loss, len(batch), stats["compiles"], {}
+
+    curve, updates, trees, train_seconds = train_loop(
+        args, step, batches, t_start=t_start, deadline=t_start + args.budget - reserve,
+        how="teacher forcing, autobatch='agenda'", unit="tree", show_loss=lambda x: f"{x:7.3f}")
 
     # ---- evaluation, sampling, speed ----------------------------------------------------------
     after = heldout_loss(model, test, args.batch)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from itertools import chain
 from typing import NamedTuple
 
 import jax
@@ -433,6 +434,7 @@ class Engine:
 
     def _backward_batches(self, g, grads, loss_node):
         once = _params_of_one_batch(g.batches)
+        live = _loss_ancestors(g, loss_node)
         for sig, modes, B, packet, nodes, gflags, fwd, saved in reversed(g.batches):
             if min(nodes) > loss_node:
                 continue
@@ -443,6 +445,13 @@ class Engine:
             if g.check_validity:
                 for j, a in enumerate(sig.out_akeys):
                     check_block(g, grads[a], packet[1 + j], nodes, sig, "gradient")
+            if live is not None or max(nodes) > loss_node:
+                lanes = [nd <= loss_node and (live is None or live[nd]) for nd in nodes]
+                if not all(lanes):
+                    if any(lanes):
+                        self._backward_some_lanes(g, grads, sig, modes, B, packet, nodes,
+                                                  gflags, lanes)
+                    continue
             params = sig.params
             if packet.ndim == 1:
                 # the first gradient of parameters that only this batch uses is returned as
@@ -468,6 +477,42 @@ class Engine:
         for a, arr in grads.items():  # cleared now, so that the same step next compiles nothing
             self.spare_grads[a] = clear_rows(arr, min(arr.shape[0], _pow2(g.rows[a])))
 
+    def _backward_some_lanes(self, g, grads, sig, modes, B, packet, nodes, gflags, lanes):
+        """The backward of a batch (or run) only some of whose nodes the loss depends on
+        (``lanes``), step by step. The other lanes are pointed at the inputs of one that
+        counts, and the vjp is recomputed from them: their cotangents are zero (only nodes
+        that do not count read them), and zero times a finite derivative adds nothing (see
+        ``_loss_ancestors`` for why their own inputs must not be used)."""
+        kern = backward_kernel(sig, modes, gflags, B)  # no saved residuals: recomputed
+        steps = packet if packet.ndim == 2 else packet[None]
+        starts = np.cumsum([0] + [int(p[0]) for p in steps])
+        for t in reversed(range(len(steps))):
+            on = np.zeros(B, bool)
+            on[:starts[t + 1] - starts[t]] = lanes[starts[t]:starts[t + 1]]
+            if not on.any():
+                continue
+            first = int(np.argmax(on))
+            packet_t = steps[t].copy()
+            off = 1 + len(sig.out_akeys)
+            for m in modes:
+                if m == GATHER:
+                    packet_t[off:off + B][~on] = packet_t[off + first]
+                off += B if m == GATHER else 1
+            for _ in range(sig.n_ints):
+                packet_t[off:off + B][~on] = packet_t[off + first]
+                off += B
+            new_g, new_pg = kern.fn(tuple(grads[a] for a in kern.write_akeys),
+                                    tuple(p._grad_buffer() for p in sig.params),
+                                    tuple(self.arenas[a] for a in kern.read_akeys),
+                                    tuple(p._value for p in sig.params), (), packet_t)
+            for a, arr in zip(kern.write_akeys, new_g):
+                grads[a] = arr
+            step_nodes = nodes[starts[t]:starts[t + 1]]
+            for p, arr in zip(sig.params, new_pg):
+                p._accumulate(arr, sig, g, [nd for nd, o in zip(step_nodes, on) if o])
+            if g.check_validity:
+                check_param_grads(g, sig, step_nodes)
+
     def _gradient_arenas(self, g):
         """Zero gradient arenas, one per value arena ``g`` uses.
 
@@ -485,6 +530,46 @@ class Engine:
                 spare = zeros(arena.shape, arena.dtype)
             grads[a] = spare
         return grads
+
+
+def _loss_ancestors(g, loss_node: int):
+    """Which nodes the loss depends on: None when every node up to ``loss_node`` does (the
+    common case, told apart with a few array operations), else a list of flags over the
+    nodes ``0 .. loss_node``.
+
+    Backward must not run the others: their cotangent is zero, but zero times an infinite
+    local derivative is NaN (``log`` of a probability that underflowed, in a decoding step
+    built before the loss), and it would reach the parameters, where ``jax.grad`` of the
+    loss never looks at such a node. Reference counting finds them: a node none of whose
+    outputs a node up to the loss reads is dead, and so is one read only by dead nodes.
+    """
+    node_vals, val_node, node_out = g.node_vals[:loss_node + 1], g.val_node, g.node_out
+    sigs = g.node_sig
+    reads = np.bincount(np.fromiter(chain.from_iterable(node_vals), np.intp),
+                        minlength=node_out[loss_node])  # per value, by nodes up to the loss
+
+    def unread(nd):  # none of its outputs (consecutive values), one of which is known unread
+        n_out = len(sigs[nd].out_akeys)
+        return n_out == 1 or not any(reads[node_out[nd]:node_out[nd] + n_out])
+
+    dead = [nd for nd in (val_node[v] for v in
+                          np.flatnonzero(reads[:node_out[loss_node]] == 0).tolist())
+            if nd >= 0 and unread(nd)]
+    if not dead:
+        return None
+    dead = list(dict.fromkeys(dead))  # a node with several unread outputs: once
+    reads = reads.tolist()
+    live = [True] * (loss_node + 1)
+    for nd in dead:
+        live[nd] = False
+    while dead:
+        for v in node_vals[dead.pop()]:
+            reads[v] -= 1
+            p = val_node[v]
+            if reads[v] == 0 and p >= 0 and live[p] and unread(p):
+                live[p] = False
+                dead.append(p)
+    return live
 
 
 def _gradient_snapshot(batches) -> list:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -428,3 +429,43 @@ def test_expressions_of_another_threads_graph_are_named_as_such():
     with pytest.raises(ValueError, match="different graphs"):
         dx.forward([mine, built["e"]])
     np.testing.assert_allclose(mine.npvalue(), np.tanh(0.5), rtol=1e-6)  # nothing broken
+
+
+@pytest.mark.parametrize("bad", [dict(autobatch="greedy"), dict(seed=-1), dict(train="yes"),
+                                 dict(check_validity=1)])
+def test_failed_renew_cg_keeps_the_current_graph(bad):
+    """A ``renew_cg`` refused for its arguments changes nothing: the current graph stays
+    current and alive, its expressions still read, and new nodes join it."""
+    cg = dx.renew_cg()
+    x = dx.input(np.array([1.0, 2.0], np.float32))
+    with pytest.raises(ValueError, match="renew_cg"):
+        dx.renew_cg(**bad)
+    assert dx.current_graph() is cg
+    np.testing.assert_allclose((dx.tanh(x) * 2.0).npvalue(), 2.0 * np.tanh([1.0, 2.0]),
+                               rtol=1e-6)
+    np.testing.assert_allclose(x.npvalue(), [1.0, 2.0])
+
+
+@dx.function
+def _branch_on_value(a):
+    if a.sum() > 0:  # Python control flow on a traced value: JAX refuses it
+        return a
+    return -a
+
+
+@dx.function
+def _to_numpy(a):
+    return jnp.asarray(np.asarray(a) * 2.0)
+
+
+@pytest.mark.parametrize("fn, error", [(_branch_on_value, "TracerBoolConversionError"),
+                                       (_to_numpy, "TracerArrayConversionError")])
+def test_tracing_errors_in_a_function_reach_the_user_as_they_are(fn, error):
+    """A function's own misuse of traced values raises JAX's error with its advice, not a
+    ShapeError about the arguments; and the graph is unchanged."""
+    g = dx.renew_cg()
+    x = dx.input(np.ones(4, np.float32))
+    with pytest.raises(getattr(jax.errors, error)) as info:
+        fn(x)
+    assert not isinstance(info.value, dx.ShapeError)
+    assert g.stats()["nodes"] == 0

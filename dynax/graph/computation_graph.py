@@ -319,10 +319,10 @@ def renew_cg(autobatch: str = "agenda", train: bool = True, seed: int | None = N
       seed: seed of the graph's random numbers (dropout); a new one per graph if None.
       check_validity: raise at the first non-finite value computed.
     """
+    cg = ComputationGraph(autobatch, train, seed, check_validity)  # checks: raises first
     old = getattr(_local, "cg", None)
     if old is not None:
         old.alive = False
-    cg = ComputationGraph(autobatch, train, seed, check_validity)
     _local.cg = cg
     return cg
 

@@ -140,6 +140,11 @@ def describe(kinds: str, key_items: tuple) -> str:
     return ", ".join(out)
 
 
+# errors of a function's own code under tracing (TypeErrors to Python, but not shape errors)
+_TRACING_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+                   jax.errors.TracerIntegerConversionError, jax.errors.UnexpectedTracerError)
+
+
 def signature_for(key: tuple) -> Signature:
     """The interned signature for ``key = (op, kinds, *items)``.
 
@@ -192,6 +197,8 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
 
     try:
         out = jax.eval_shape(call, *[avals[i] for i in shaped_positions])
+    except _TRACING_ERRORS:  # Python control flow on a traced value, with JAX's own advice
+        raise
     except (TypeError, ValueError) as e:  # what JAX raises on incompatible shapes; any
         # other exception is a bug in the function itself and reaches the user as it is
         raise ShapeError(f"{op.name}: incompatible arguments ({describe(kinds, key_items)}): "

@@ -210,6 +210,18 @@ case("concatenate_matrices_d1", {**M23, "C": ((2, 1), "glorot")},
      lambda P, d: dx.concatenate([em(P, d["X"]), inp(d["Y"]), P["C"]], d=1),
      lambda V, d: jnp.concatenate([d["X"] + V["M"], d["Y"], V["C"]], axis=1))
 
+case("concatenate_scalars", {**A3, "B": ((3,), "glorot")},  # attention scores, as in DyNet
+     lambda r, k: {"x": normal(r, 3), "y": normal(r, 3)},
+     lambda P, d: dx.concatenate([dx.dot_product(ev(P, d["x"]), P["B"]),
+                                  dx.dot_product(inp(d["y"]), P["A"])]),
+     lambda V, d: jnp.stack([jnp.dot(d["x"] + V["A"], V["B"]), jnp.dot(d["y"], V["A"])]))
+case("concatenate_scalar_and_vector", A3, vec_data(),
+     lambda P, d: dx.concatenate([dx.sum_elems(ev(P, d["x"])), inp(d["y"]) * P["A"]]),
+     lambda V, d: jnp.concatenate([jnp.sum(d["x"] + V["A"])[None], d["y"] * V["A"]]))
+case("concatenate_one_scalar", A3, vec_data(),
+     lambda P, d: dx.concatenate([dx.dot_product(ev(P, d["x"]), inp(d["y"]))]),
+     lambda V, d: jnp.dot(d["x"] + V["A"], d["y"])[None])
+
 _IDX = [2, 0, 2, 1]  # per-instance indices; a repeated one too
 case("pick", A3, lambda r, k: {"x": normal(r, 3), "i": _IDX[k]},
      lambda P, d: dx.pick(ev(P, d["x"]), d["i"]), lambda V, d: (d["x"] + V["A"])[d["i"]])

@@ -419,21 +419,24 @@ def transpose(a):
 
 def _check_concat(avals, statics):
     d = statics[-1]
-    shapes = [_shape(a) for a in avals[:-1]]
+    given = [_shape(a) for a in avals[:-1]]
+    shapes = [s or (1,) for s in given]  # a scalar is a 1-vector, as in DyNet
     nd = len(shapes[0])
-    if nd == 0 or not 0 <= d < nd:
-        raise ShapeError(f"concatenate: axis d={d} invalid for shapes {shapes}")
+    if not 0 <= d < nd:
+        raise ShapeError(f"concatenate: axis d={d} invalid for shapes {given}")
     for s in shapes:
         if len(s) != nd or s[:d] + s[d + 1:] != shapes[0][:d] + shapes[0][d + 1:]:
-            raise ShapeError(f"concatenate: shapes {shapes} differ outside axis {d}")
+            raise ShapeError(f"concatenate: shapes {given} differ outside axis {d}")
 
 
-CONCAT = OpDef("concatenate", lambda *a: jnp.concatenate(a[:-1], axis=a[-1]), CHEAP,
-               check=_check_concat)
+CONCAT = OpDef("concatenate",
+               lambda *a: jnp.concatenate([jnp.atleast_1d(x) for x in a[:-1]], axis=a[-1]),
+               CHEAP, check=_check_concat)
 
 
 def concatenate(xs, d: int = 0):
-    """Concatenate a list of expressions along axis ``d``."""
+    """Concatenate a list of expressions along axis ``d``. Scalars count as 1-vectors, as
+    in DyNet: ``concatenate([dot_product(q, k) for k in keys])`` is the vector of scores."""
     if type(xs) is list and len(xs) > 1 and type(d) is int and d >= 0 \
             and all(type(x) is Expression for x in xs):  # fast path: one node, nothing to undo
         return _node(CONCAT, "v" * len(xs) + "s", xs + [d])
@@ -452,6 +455,8 @@ def _concatenate(xs, d):
         if not 0 <= d < max(nd, 1):
             raise ShapeError(f"concatenate: axis d={d} invalid for shapes "
                              f"[{_shape(items[0])}]")
+        if nd == 0:
+            return reshape(items[0], (1,))
         return _as_expression(items[0], "concatenate")
     kinds = "".join("v" if type(x) is Expression else "p" for x in items)
     return _node(CONCAT, kinds + "s", items + [int(d)])

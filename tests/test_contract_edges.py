@@ -65,6 +65,10 @@ def test_expressions_are_not_sequences_or_arrays():
         list(x)
     with pytest.raises(TypeError, match="not an array"):
         np.asarray(x)
+    for e in (x, dx.sum_elems(x)):  # ``if e:`` would test the handle, never the value
+        with pytest.raises(TypeError, match="no truth value"):
+            bool(e)
+    before = counts(cg)
     with pytest.raises(dx.DTypeError, match="input"):
         dx.input([x, x])
     assert counts(cg) == before

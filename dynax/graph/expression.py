@@ -84,6 +84,10 @@ class Expression(Operators):
         raise TypeError("an Expression is not iterable: pick elements with e[i], or give "
                         "list operations a list of Expressions")
 
+    def __bool__(self):  # ``if e:`` would test the handle, not the value (not computed yet)
+        raise TypeError("an Expression has no truth value: read its value with e.value() "
+                        "or e.scalar_value() to decide in Python")
+
     def __array__(self, *args, **kwargs):
         raise TypeError("an Expression is not an array: read its value with e.npvalue(), "
                         "or combine Expressions with dx operations")

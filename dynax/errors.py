@@ -17,7 +17,7 @@ class _AtUserSite:
         super().__init__(f"{message} [at {self.site}]")
 
 
-class StaleExpressionError(DynaxError, RuntimeError):
+class StaleExpressionError(_AtUserSite, DynaxError, RuntimeError):
     """An expression of a graph that ``dx.renew_cg`` has since replaced was used."""
 
 

@@ -469,3 +469,22 @@ def test_tracing_errors_in_a_function_reach_the_user_as_they_are(fn, error):
         fn(x)
     assert not isinstance(info.value, dx.ShapeError)
     assert g.stats()["nodes"] == 0
+
+
+def test_stale_expressions_given_to_builders_name_the_builder_and_the_user_line():
+    pc = dx.ParameterCollection(seed=0)
+    lstm = dx.nn.LSTMBuilder(1, 3, 5, pc)
+    bi = dx.nn.BiRNNBuilder(1, 3, 4, pc, dx.nn.LSTMBuilder)
+    tree = dx.nn.TreeLSTMBuilder(3, 4, pc)
+    dx.renew_cg()
+    old = inp(3)
+    g = dx.renew_cg()
+    for call, name in ((lambda: lstm.initial_state().add_input(old), "LSTMBuilder.add_input"),
+                       (lambda: bi.transduce([old]), "BiRNNBuilder"),
+                       (lambda: tree.leaf(old), "TreeLSTMBuilder.leaf")):
+        with pytest.raises(dx.StaleExpressionError) as ei:
+            call()
+        msg = str(ei.value)
+        assert name in msg and "renew_cg" in msg, msg
+        assert re.search(rf"{re.escape(__file__)}:\d+", msg), msg
+    assert g.stats()["nodes"] == 0

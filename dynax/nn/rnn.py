@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import InvalidArgumentError, ShapeError
+from ..errors import InvalidArgumentError, ShapeError, StaleExpressionError
 from ..graph.appenders import append_node
 from ..graph.computation_graph import current_graph
 from ..graph.expression import Expression
@@ -88,6 +88,9 @@ def _as_expr(x):
 
 
 def _check_vector(who, what, x, dim):
+    if not x.g.alive:  # named here: the cell op below would name itself, not the builder
+        raise StaleExpressionError(f"{who}: {what} belongs to a computation graph replaced "
+                                   "by dx.renew_cg(); build it again on the current graph")
     if tuple(x.shape) != (dim,):
         raise ShapeError(f"{who}: {what} must have shape ({dim},), got {tuple(x.shape)}")
 

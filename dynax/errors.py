@@ -18,7 +18,8 @@ class _AtUserSite:
 
 
 class StaleExpressionError(_AtUserSite, DynaxError, RuntimeError):
-    """An expression of a graph that ``dx.renew_cg`` has since replaced was used."""
+    """An expression of a graph that ``dx.renew_cg`` has since replaced was used, or a
+    backward pass would run through values computed with parameters changed since."""
 
 
 class ShapeError(_AtUserSite, DynaxError, ValueError):

@@ -488,3 +488,40 @@ def test_stale_expressions_given_to_builders_name_the_builder_and_the_user_line(
         assert name in msg and "renew_cg" in msg, msg
         assert re.search(rf"{re.escape(__file__)}:\d+", msg), msg
     assert g.stats()["nodes"] == 0
+
+
+@pytest.mark.parametrize("change", ["set_value", "update", "populate"])
+def test_backward_through_values_of_changed_parameters_is_refused(change, tmp_path):
+    """After a parameter changes, a backward pass through nodes computed with its old value
+    would mix old and new values (updates donate the old array): refused before anything is
+    accumulated. Nodes computed after the change, and losses not reading the old nodes,
+    backpropagate as usual (DyNet computes later nodes with the new values too)."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 3), name="W")
+    V = pc.add_parameters((3, 3), name="V")
+    trainer = dx.SimpleSGDTrainer(pc, learning_rate=0.1)
+    pc.save(tmp_path / "p.npz")
+    x = np.array([1.0, -1.0, 0.5], np.float32)
+    dx.renew_cg()
+    old_loss = dx.sum_elems(dx.tanh(W @ dx.input(x)))
+    other = dx.sum_elems(dx.tanh(V @ dx.input(x)))
+    other.value()
+    old_loss.value()
+    if change == "set_value":
+        W.set_value(2 * np.asarray(W.value))
+    elif change == "populate":
+        pc.populate(tmp_path / "p.npz")
+    else:
+        old_loss.backward()
+        trainer.update()
+    with pytest.raises(dx.StaleExpressionError, match="W changed"):
+        old_loss.backward()
+    assert np.all(np.asarray(W.grad) == 0)  # nothing accumulated
+    if change == "set_value":  # (populate and a dense update replace V's array too)
+        other.backward()  # does not read W: unaffected
+        assert np.abs(np.asarray(V.grad)).sum() > 0
+    w = np.asarray(W.value)
+    new_loss = dx.sum_elems(dx.tanh(W @ dx.input(x)))  # computed with the new value
+    new_loss.backward()
+    want = jax.grad(lambda w: jnp.sum(jnp.tanh(w @ x)))(jnp.asarray(w))
+    np.testing.assert_allclose(np.asarray(W.grad), np.asarray(want), rtol=1e-5, atol=1e-6)

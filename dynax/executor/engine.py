@@ -20,6 +20,7 @@ import numpy as np
 
 from ..batcher.plans import PlanCache
 from ..device import get_device, zeros
+from ..errors import StaleExpressionError
 from ..ops.registry import AKEY_AVAL, CHEAP
 from .buckets import bucket
 from .validity import check_block, check_forward, check_param_grads
@@ -88,6 +89,7 @@ class Batch(NamedTuple):
     gflags: tuple | None  # which value arguments need a gradient (None: not computed)
     forward: object  # the residual-saving forward Kernel, or None
     saved: tuple  # its residuals
+    param_values: tuple  # the parameters' arrays it ran with (a later change is refused)
 
 
 def _grad_flags(g, sig, nodes):
@@ -367,16 +369,16 @@ class Engine:
     def _call_forward(self, g, sig, modes, B, gflags, packet, nodes, kern, step):
         """Launch ``kern`` (``step``, or a run of it) and record the batch for backward."""
         arenas = self.arenas
+        param_values = tuple(p._value for p in sig.params)
         new, saved = kern.fn(tuple(arenas[a] for a in kern.write_akeys),
-                             tuple(arenas[a] for a in kern.read_akeys),
-                             tuple(p._value for p in sig.params), packet)
+                             tuple(arenas[a] for a in kern.read_akeys), param_values, packet)
         for a, arr in zip(kern.write_akeys, new):
             arenas[a] = arr
         if gflags is None:
             saved = ()  # from a reused training kernel: not needed
         g.n_launches += 1
         g.batches.append(Batch(sig, modes, B, packet, nodes, gflags,
-                               step if gflags is not None else None, saved))
+                               step if gflags is not None else None, saved, param_values))
 
     # ---- reading ---------------------------------------------------------------------------------
     def read(self, g, v: int) -> np.ndarray:
@@ -414,11 +416,13 @@ class Engine:
             # queue the loss's read ahead of the backward kernels, so that a loop reading
             # it after ``trainer.update()`` waits for the forward pass only
             g.pending_reads[v] = self._start_read(g, v)
+        live = _loss_ancestors(g, loss_node)
+        _check_parameters_unchanged(g, loss_node, live)
         grads = self._gradient_arenas(g)
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
         if not g.check_validity:
             try:
-                return self._backward_batches(g, grads, loss_node)
+                return self._backward_batches(g, grads, loss_node, live)
             except Exception as e:  # restoring needs a copy of every gradient: validity mode
                 e.add_note("dynax: the backward pass stopped part-way, so the parameters' "
                            "gradients are partly accumulated; zero them (p.zero_grad()) "
@@ -427,15 +431,16 @@ class Engine:
                 raise
         snapshot = _gradient_snapshot(g.batches)
         try:
-            self._backward_batches(g, grads, loss_node)
+            self._backward_batches(g, grads, loss_node, live)
         except BaseException:  # a check failed part-way: no parameter keeps a partial gradient
             _restore_gradients(snapshot)
             raise
 
-    def _backward_batches(self, g, grads, loss_node):
+    def _backward_batches(self, g, grads, loss_node, live):
+        """Run the backward kernels of the batches the loss depends on (``live``: see
+        ``_loss_ancestors``), last first."""
         once = _params_of_one_batch(g.batches)
-        live = _loss_ancestors(g, loss_node)
-        for sig, modes, B, packet, nodes, gflags, fwd, saved in reversed(g.batches):
+        for sig, modes, B, packet, nodes, gflags, fwd, saved, _ in reversed(g.batches):
             if min(nodes) > loss_node:
                 continue
             if gflags is None:  # forward saved nothing (train=False, or no gradient flowed)
@@ -530,6 +535,22 @@ class Engine:
                 spare = zeros(arena.shape, arena.dtype)
             grads[a] = spare
         return grads
+
+
+def _check_parameters_unchanged(g, loss_node: int, live) -> None:
+    """Refuse a backward pass through batches whose parameters changed after they ran
+    (``set_value``, ``populate``, a trainer update): the vjp would mix the old values the
+    forward used with the new ones (the parameters' old arrays may be gone: updates donate
+    them). Checked before any kernel runs, so nothing is accumulated."""
+    for b in g.batches:
+        changed = [p for p, v in zip(b.sig.params, b.param_values) if p._value is not v]
+        if changed and any(nd <= loss_node and (live is None or live[nd]) for nd in b.nodes):
+            raise StaleExpressionError(
+                f"backward: parameter {changed[0].name} changed (set_value, populate or a "
+                f"trainer update) after this graph computed '{b.sig.op.name}' with it, and "
+                "the loss depends on that; its gradient would mix the old and the new "
+                "values. Call backward() before changing parameters, or build the graph "
+                "again (dx.renew_cg())")
 
 
 def _loss_ancestors(g, loss_node: int):

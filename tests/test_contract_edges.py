@@ -268,6 +268,22 @@ def test_emax_ties_match_jax_grad(strategy, n, tied):
         np.testing.assert_allclose(p.grad, g, rtol=1e-6, atol=1e-7, err_msg=p.name)
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("n", [3, 5])
+def test_emax_of_all_minus_infinity_splits_among_the_real_items(strategy, n):
+    """A fully masked max (every item -inf): the list's padding is -inf too, and must not
+    take a share of the gradient (it took 1/4 of it with 3 items)."""
+    pc = dx.ParameterCollection(seed=0)
+    x0 = np.full(n, -np.inf, np.float32)
+    P = pc.add_parameters((n,), init=x0, name="P")
+    dx.renew_cg(autobatch=strategy)
+    m = dx.emax([dx.pick(P, i) for i in range(n)])
+    m.backward()
+    assert m.value() == -np.inf
+    np.testing.assert_allclose(np.asarray(P.grad),
+                               np.asarray(jax.grad(jnp.max)(jnp.asarray(x0))), rtol=1e-6)
+
+
 # ---- NumPy spellings -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -616,3 +616,37 @@ def test_forward_fetches_values_together(strategy):
         dx.forward(exprs[:1])
     with pytest.raises(TypeError):
         dx.forward([np.ones(3)])
+
+
+@pytest.mark.parametrize("strategy", ["agenda", "depth", "none"])
+def test_binary_log_loss_of_saturated_predictions(strategy):
+    """``logistic(z)`` rounds to exactly 1 (or 0) in float32 for |z| > ~17: the loss and
+    its gradient stay finite and close to the exact softplus, and a wrong prediction at
+    exactly 0 costs -log(tiny) = 87.3, as in DyNet."""
+    pc = dx.ParameterCollection(seed=0)
+    z0 = np.float32([17.0, -17.0, 100.0, -100.0, 3.0])
+    y = np.float32([1, 0, 1, 0, 1])
+    Z = pc.add_parameters((5,), init=z0, name="Z")
+    dx.renew_cg(autobatch=strategy)
+    loss = dx.binary_log_loss(dx.logistic(Z), dx.input(y))
+    value = loss.scalar_value()
+    loss.backward()
+    exact = np.logaddexp(0.0, -np.where(y > 0, z0, -z0).astype(np.float64))  # per element
+    np.testing.assert_allclose(value, exact.sum(), rtol=1e-6, atol=1e-7)
+    exact_grad = -np.where(y > 0, 1.0, -1.0) / (1.0 + np.exp(np.where(y > 0, z0, -z0)))
+    np.testing.assert_allclose(np.asarray(Z.grad), exact_grad, rtol=1e-5, atol=1e-7)
+    wrong = dx.binary_log_loss(dx.input(np.float32([0.0])), dx.input(np.float32([1.0])))
+    np.testing.assert_allclose(wrong.scalar_value(), -np.log(np.finfo(np.float32).tiny),
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["agenda", "depth", "none"])
+def test_hinge_at_large_scores_is_exact(strategy):
+    """The label's own term is left out exactly: no rounding of margin - x + x at large
+    scores (a subtraction gave -2e-4 for a loss of 0 at x[label] = 1e4)."""
+    dx.renew_cg(autobatch=strategy)
+    losses = [dx.hinge(dx.input(np.float32(x)), label, margin=m)
+              for x, label, m in (([1e4, 0.0, -5.0], 0, 0.3), ([3e7, 0.0, 1.0], 0, 1.0),
+                                  ([1e5, -3.0, 1e5 - 8.0], 0, 1.0))]
+    dx.forward(losses)
+    np.testing.assert_array_equal([l.scalar_value() for l in losses], [0.0, 0.0, 0.0])

@@ -525,7 +525,22 @@ def _emax(*a):
     the gradient among the real items only, as ``jnp.max`` does."""
     xs, n = _stack(a[:-1]), a[-1]
     real = (jnp.arange(xs.shape[0]) < n).reshape((-1,) + (1,) * (xs.ndim - 1))
+    return _max_of_real(xs, jnp.broadcast_to(real, xs.shape))
+
+
+@jax.custom_jvp
+def _max_of_real(xs, real):
     return jnp.max(jnp.where(real, xs, -jnp.inf), axis=0)
+
+
+@_max_of_real.defjvp
+def _max_of_real_jvp(primals, tangents):
+    # ties split among the real items only: the padding (-inf) would tie too when every
+    # real item is -inf (a fully masked max), and take a share of the gradient
+    xs, real = primals
+    m = _max_of_real(xs, real)
+    tied = real & (xs == jnp.expand_dims(m, 0))
+    return m, jnp.sum(jnp.where(tied, tangents[0], 0.0), axis=0) / jnp.sum(tied, axis=0)
 
 
 EMAX = OpDef("emax", _emax, CHEAP, check=lambda av, st: _all_same("emax")(av[:-1], st),
@@ -702,20 +717,33 @@ def squared_distance(a, b):
 
 
 def _bll(p, y):
-    return -jnp.sum(y * jnp.log(p) + (1.0 - y) * jnp.log(1.0 - p))
+    # The logs are clamped at log(tiny) (-87.3 in float32), as in DyNet: a saturated
+    # prediction (logistic(17) is 1.0 in float32) must not make the loss 0 * log(0) = NaN.
+    # log(1 - p) is log1p(-p) for small p, where 1 - p rounds; each branch's argument is
+    # clamped so that the branch not taken has a finite derivative too (jnp.where gives it
+    # a zero cotangent, and zero times infinity is NaN).
+    tiny = jnp.finfo(p.dtype).tiny
+    log_p = jnp.log(jnp.maximum(p, tiny))
+    log_q = jnp.where(p < 0.5, jnp.log1p(-jnp.minimum(p, 0.5)),
+                      jnp.log(jnp.maximum(1.0 - p, tiny)))
+    return -jnp.sum(y * log_p + (1.0 - y) * log_q)
 
 
 BLL = OpDef("binary_log_loss", _bll, CHEAP, check=_same_or_scalar("binary_log_loss"))
 
 
 def binary_log_loss(p, y):
-    """``-sum(y log p + (1 - y) log(1 - p))`` for probabilities ``p`` and targets ``y``."""
+    """``-sum(y log p + (1 - y) log(1 - p))`` for probabilities ``p`` and targets ``y``; each
+    log is at least log of the smallest normal float (-87.3 in float32), as in DyNet, so a
+    prediction saturated at exactly 0 or 1 gives a finite loss and gradient."""
     return _apply(BLL, p, y)
 
 
 def _hinge(x, label, margin):
     violations = jnp.maximum(0.0, margin - x[label] + x)
-    return jnp.sum(violations) - jnp.maximum(0.0, margin)  # drop the j == label term
+    # the j == label term masked out, not subtracted: at large scores margin - x + x
+    # rounds, and the difference could be negative (x[label] = 1e4: -2e-4)
+    return jnp.sum(jnp.where(jnp.arange(x.shape[0]) == label, 0.0, violations))
 
 
 HINGE = OpDef("hinge", _hinge, CHEAP, check=_vector("hinge"), index_bounds=_first_dim_bound)

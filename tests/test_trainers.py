@@ -355,6 +355,49 @@ def test_switching_the_update_mode_between_updates():
     assert trainer.updates == len(steps)
 
 
+@pytest.mark.parametrize("first_sparse", [True, False])
+def test_switching_the_update_mode_keeps_the_tables_moments(first_sparse):
+    """Tables move between their own (sparse) state and the dense group's when the mode
+    changes, and keep their moments: with every row used at every step lazy Adam is Adam,
+    so tables and the dense parameter all follow Optax (a switch used to restart a table's
+    moments: 2e-3 to 4e-2 off)."""
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((4, 3), name="E")
+    F = pc.add_lookup_parameters((5, 2), name="F")
+    W = pc.add_parameters((2,), name="W")
+    start = {"E": E.value, "F": F.value, "W": W.value}
+    trainer = dx.Trainer(pc, optax.adam(0.1), sparse_updates=first_sparse)
+    steps = [(list(range(4)), list(range(5)))] * 4
+    for k, (rows_e, rows_f) in enumerate(steps):
+        trainer.sparse_updates = first_sparse != (k % 2 == 1)
+        dx.renew_cg()
+        loss_with_tables(E, F, W, rows_e, rows_f).backward()
+        trainer.update()
+    want = optax_reference(optax.adam(0.1), start, steps, ref_with_tables)
+    for p in (E, F, W):
+        np.testing.assert_allclose(p.value, want[p.name], rtol=1e-6, atol=1e-7, err_msg=p.name)
+
+
+def test_a_dense_parameter_added_to_tables_only_training_gets_the_step_count():
+    """Sparse training of a collection of tables only, then a dense parameter: its first
+    Adam step uses the step count the tables reached (the empty dense group's own count
+    never moved)."""
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((4, 3), name="E")
+    trainer = dx.Trainer(pc, optax.adam(0.1), sparse_updates=True)
+    for k in range(3):
+        if k == 2:
+            late = pc.add_parameters((2,), name="late")
+            late_start = np.array(late.value)
+        dx.renew_cg()
+        terms = [dx.sum_elems(dx.tanh(E[0]))] + ([dx.sum_elems(late)] if k == 2 else [])
+        dx.esum(terms).backward()
+        trainer.update()
+    m, v = 0.1, 0.001  # one step from zero moments, gradient 1, at step count 3
+    step_size = 0.1 * (m / (1 - 0.9 ** 3)) / (np.sqrt(v / (1 - 0.999 ** 3)) + 1e-8)
+    np.testing.assert_allclose(late.value, late_start - step_size, rtol=1e-5)
+
+
 @pytest.mark.parametrize("sparse", [True, False])
 def test_adagrad_trainer_follows_dynets_formula(sparse):
     """``h += g^2; p -= lr g / sqrt(h + eps)`` from ``h = 0``: the first step moves each

@@ -126,17 +126,16 @@ class Trainer:
         # committed to the device like the step's outputs, so the second step hits the cache
         device = get_device()
         old = self._state
+        known = _known_leaves(old)
         state = self.tx.init({p.name: p._value for p in groups[""]})
-        new = {"": jax.device_put(_carry_over(state, old.get("")), device)}
+        new = {"": jax.device_put(_carry_over(state, known), device)}
         for p in tables:
             if p.name in old:
                 new[p.name] = old[p.name]
                 continue
             state = self.tx.init(p._value)
             _check_row_wise(p, state)
-            if "" in old:  # a new table's step count starts where the others' stand
-                state = _carry_over(state, old[""], per_parameter=False)
-            new[p.name] = jax.device_put(state, device)
+            new[p.name] = jax.device_put(_carry_over(state, known, p.name), device)
         self._names, self._state = names, new
 
     def _scale(self, params) -> float:
@@ -255,22 +254,40 @@ def _rows_of(state, shape, rows):
                                   state)
 
 
-def _carry_over(new, old, per_parameter: bool = True):
-    """``new`` (a freshly initialised Optax state) with every leaf that ``old`` has at the
-    same place (same path in the pytree, same shape) taken from ``old``: parameters added to
-    a collection get fresh moments, the others keep theirs and the step count goes on, as in
-    DyNet. Without ``per_parameter`` only leaves outside the per-parameter dicts (the step
-    count) are taken."""
-    if old is None:
-        return new
-    known = {path: leaf for path, leaf in jax.tree_util.tree_leaves_with_path(old)}
+def _leaf_key(path, leaf, table=None):
+    """Where a leaf of an Optax state belongs, whatever the state's layout: ``(parameter
+    name, path without the name)`` for a parameter's own leaf (in the dense group's
+    per-parameter dicts, or a sparse table's own state: ``table``), ``(None, path)`` for a
+    shared one (the step count)."""
+    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    if names:
+        return names[0], tuple(k for k in path if not isinstance(k, jax.tree_util.DictKey))
+    if table is not None and getattr(leaf, "shape", ()) != ():
+        return table, tuple(path)
+    return None, tuple(path)
 
+
+def _known_leaves(states: dict) -> dict:
+    """Every leaf of a trainer's states (``""`` the dense group, else a table's name) by
+    ``_leaf_key``. A shared leaf (the step count) is taken from a table first: every update
+    advances the tables' counts, while the dense group's stays put while it is empty."""
+    known = {}
+    for name in sorted(states, key=lambda name: name == ""):
+        for path, leaf in jax.tree_util.tree_leaves_with_path(states[name]):
+            known.setdefault(_leaf_key(path, leaf, name or None), leaf)
+    return known
+
+
+def _carry_over(new, known: dict, table=None):
+    """``new`` (a freshly initialised Optax state, of the dense group or of ``table``) with
+    every leaf that ``known`` has for the same parameter and place (and shape) taken from
+    it: parameters added to a collection get fresh moments, the others keep theirs (also
+    when a table moves between the dense group and its own sparse state), and the step
+    count goes on, as in DyNet."""
     def pick(path, leaf):
-        if not per_parameter and any(isinstance(k, jax.tree_util.DictKey) for k in path):
-            return leaf
-        prev = known.get(path)
+        prev = known.get(_leaf_key(path, leaf, table))
         ok = prev is not None and getattr(prev, "shape", None) == getattr(leaf, "shape", None)
-        # a copy: the steps donate their state, and ``old`` may be another group's
+        # a copy: the steps donate their state, and a leaf may be carried to two places
         return jnp.array(prev, copy=True) if ok else leaf
 
     return jax.tree_util.tree_map_with_path(pick, new)

@@ -1,5 +1,6 @@
-"""What the training examples share: their common flags, ``--quick``, endless minibatches and
-the none-vs-agenda speed comparison. (Not an example: the examples import it.)"""
+"""What the training examples share: their common flags, ``--quick``, endless minibatches, the
+budgeted training loop and the none-vs-agenda speed comparison. (Not an example: the
+examples import it.)"""
 from __future__ import annotations
 
 import argparse

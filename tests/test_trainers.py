@@ -335,22 +335,29 @@ def test_sparse_mode_refuses_an_optimizer_without_row_wise_state():
     np.testing.assert_allclose(E.value, before + np.asarray(upd), rtol=1e-5, atol=1e-7)
 
 
-def test_switching_the_update_mode_between_updates():
-    """``sparse_updates`` changed between updates: the state is rebuilt for the new layout
-    (no crash), and the dense parameter keeps its Adam state, so it follows Optax."""
+def _adam_switching_modes(modes, steps):
+    """Adam on ``loss_with_tables`` over ``steps``, ``sparse_updates`` set to ``modes[k]``
+    before step k. Returns the trainer, its parameters, and Optax's result from the same
+    start."""
     pc = dx.ParameterCollection(seed=0)
     E = pc.add_lookup_parameters((4, 3), name="E")
     F = pc.add_lookup_parameters((5, 2), name="F")
     W = pc.add_parameters((2,), name="W")
     start = {"E": E.value, "F": F.value, "W": W.value}
-    trainer = dx.Trainer(pc, optax.adam(0.1), sparse_updates=True)
-    steps = [([0, 2], [1]), ([1], []), ([3], [4]), ([0], [0])]
-    for k, (rows_e, rows_f) in enumerate(steps):
-        trainer.sparse_updates = k % 2 == 0
+    trainer = dx.Trainer(pc, optax.adam(0.1), sparse_updates=modes[0])
+    for sparse, (rows_e, rows_f) in zip(modes, steps):
+        trainer.sparse_updates = sparse
         dx.renew_cg()
         loss_with_tables(E, F, W, rows_e, rows_f).backward()
         trainer.update()
-    want = optax_reference(optax.adam(0.1), start, steps, ref_with_tables)
+    return trainer, (E, F, W), optax_reference(optax.adam(0.1), start, steps, ref_with_tables)
+
+
+def test_switching_the_update_mode_between_updates():
+    """``sparse_updates`` changed between updates: the state is rebuilt for the new layout
+    (no crash), and the dense parameter keeps its Adam state, so it follows Optax."""
+    steps = [([0, 2], [1]), ([1], []), ([3], [4]), ([0], [0])]
+    trainer, (_, _, W), want = _adam_switching_modes([True, False, True, False], steps)
     np.testing.assert_allclose(W.value, want["W"], rtol=1e-6, atol=1e-7)
     assert trainer.updates == len(steps)
 
@@ -361,20 +368,9 @@ def test_switching_the_update_mode_keeps_the_tables_moments(first_sparse):
     changes, and keep their moments: with every row used at every step lazy Adam is Adam,
     so tables and the dense parameter all follow Optax (a switch used to restart a table's
     moments: 2e-3 to 4e-2 off)."""
-    pc = dx.ParameterCollection(seed=0)
-    E = pc.add_lookup_parameters((4, 3), name="E")
-    F = pc.add_lookup_parameters((5, 2), name="F")
-    W = pc.add_parameters((2,), name="W")
-    start = {"E": E.value, "F": F.value, "W": W.value}
-    trainer = dx.Trainer(pc, optax.adam(0.1), sparse_updates=first_sparse)
-    steps = [(list(range(4)), list(range(5)))] * 4
-    for k, (rows_e, rows_f) in enumerate(steps):
-        trainer.sparse_updates = first_sparse != (k % 2 == 1)
-        dx.renew_cg()
-        loss_with_tables(E, F, W, rows_e, rows_f).backward()
-        trainer.update()
-    want = optax_reference(optax.adam(0.1), start, steps, ref_with_tables)
-    for p in (E, F, W):
+    modes = [first_sparse, not first_sparse] * 2
+    _, params, want = _adam_switching_modes(modes, [(list(range(4)), list(range(5)))] * 4)
+    for p in params:
         np.testing.assert_allclose(p.value, want[p.name], rtol=1e-6, atol=1e-7, err_msg=p.name)
 
 

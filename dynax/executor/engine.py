@@ -25,7 +25,7 @@ from ..ops.registry import AKEY_AVAL, CHEAP
 from .buckets import bucket
 from .validity import check_block, check_forward, check_param_grads
 from .kernels import GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows, \
-    forward_kernel, forward_run_kernel, load_block, seed_gradient
+    forward_kernel, forward_run_kernel, load_block, packet_offsets, seed_gradient
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
 ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)
@@ -451,7 +451,7 @@ class Engine:
                 for j, a in enumerate(sig.out_akeys):
                     check_block(g, grads[a], packet[1 + j], nodes, sig, "gradient")
             if live is not None or max(nodes) > loss_node:
-                lanes = [nd <= loss_node and (live is None or live[nd]) for nd in nodes]
+                lanes = _needed(nodes, loss_node, live)
                 if not all(lanes):
                     if any(lanes):
                         self._backward_some_lanes(g, grads, sig, modes, B, packet, nodes,
@@ -489,6 +489,8 @@ class Engine:
         that do not count read them), and zero times a finite derivative adds nothing (see
         ``_loss_ancestors`` for why their own inputs must not be used)."""
         kern = backward_kernel(sig, modes, gflags, B)  # no saved residuals: recomputed
+        _, val_off, int_off = packet_offsets(sig, modes, B)
+        per_lane = [o for o, m in zip(val_off, modes) if m == GATHER] + int_off
         steps = packet if packet.ndim == 2 else packet[None]
         starts = np.cumsum([0] + [int(p[0]) for p in steps])
         for t in reversed(range(len(steps))):
@@ -498,14 +500,8 @@ class Engine:
                 continue
             first = int(np.argmax(on))
             packet_t = steps[t].copy()
-            off = 1 + len(sig.out_akeys)
-            for m in modes:
-                if m == GATHER:
-                    packet_t[off:off + B][~on] = packet_t[off + first]
-                off += B if m == GATHER else 1
-            for _ in range(sig.n_ints):
+            for off in per_lane:  # rows of gathered arguments, ints
                 packet_t[off:off + B][~on] = packet_t[off + first]
-                off += B
             new_g, new_pg = kern.fn(tuple(grads[a] for a in kern.write_akeys),
                                     tuple(p._grad_buffer() for p in sig.params),
                                     tuple(self.arenas[a] for a in kern.read_akeys),
@@ -544,13 +540,18 @@ def _check_parameters_unchanged(g, loss_node: int, live) -> None:
     them). Checked before any kernel runs, so nothing is accumulated."""
     for b in g.batches:
         changed = [p for p, v in zip(b.sig.params, b.param_values) if p._value is not v]
-        if changed and any(nd <= loss_node and (live is None or live[nd]) for nd in b.nodes):
+        if changed and any(_needed(b.nodes, loss_node, live)):
             raise StaleExpressionError(
                 f"backward: parameter {changed[0].name} changed (set_value, populate or a "
                 f"trainer update) after this graph computed '{b.sig.op.name}' with it, and "
                 "the loss depends on that; its gradient would mix the old and the new "
                 "values. Call backward() before changing parameters, or build the graph "
                 "again (dx.renew_cg())")
+
+
+def _needed(nodes, loss_node: int, live) -> list:
+    """Per node, whether the loss depends on it (``live``: ``_loss_ancestors``'s flags)."""
+    return [nd <= loss_node and (live is None or live[nd]) for nd in nodes]
 
 
 def _loss_ancestors(g, loss_node: int):

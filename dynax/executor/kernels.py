@@ -50,7 +50,7 @@ def _unique(xs):
     return tuple(out)
 
 
-def _offsets(sig, modes, B):
+def packet_offsets(sig, modes, B):
     """Packet offsets of each output start, value argument and int argument."""
     off = 1
     out_off = list(range(off, off + len(sig.out_akeys)))
@@ -151,7 +151,7 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
         if k is not None:
             sig.kernels[key] = k  # found once, not searched for again
             return k
-    out_off, val_off, int_off = _offsets(sig, modes, B)
+    out_off, val_off, int_off = packet_offsets(sig, modes, B)
     w_akeys = _unique(sig.out_akeys)
     r_akeys = _unique(a for a in sig.in_akeys if a not in w_akeys)
     batched = _batched(sig, modes, B)
@@ -255,7 +255,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     k = sig.kernels.get(key)
     if k is not None:
         return k
-    out_off, val_off, int_off = _offsets(sig, modes, B)
+    out_off, val_off, int_off = packet_offsets(sig, modes, B)
     diff = [i for i, f in enumerate(gflags) if f]
     g_akeys = _unique(list(sig.out_akeys) + [sig.in_akeys[i] for i in diff])
     v_akeys = _unique(sig.in_akeys) if forward is None else ()
@@ -400,7 +400,7 @@ def _run_param_grads(sig, modes: tuple, B: int, T: int):
     inputs re-read from the value arenas, output cotangents from the gradient arenas (both
     complete once the run's scan is done), the forward recomputed (cheap for narrow steps)
     and ``jax.vjp`` taken w.r.t. the parameters only."""
-    out_off, val_off, int_off = _offsets(sig, modes, B)
+    out_off, val_off, int_off = packet_offsets(sig, modes, B)
     N = T * B
     flat = _batched(sig, modes, N)
 

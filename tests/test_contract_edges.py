@@ -520,8 +520,8 @@ def test_a_kernel_that_failed_to_trace_is_not_reused():
 
 def test_a_failed_backward_says_the_gradients_are_partial():
     """A backward pass that fails part-way (here: a while_loop, which JAX cannot reverse)
-    cannot undo what it accumulated without a copy of every gradient; the error says so
-    and how to recover (validity mode restores them: tested above)."""
+    cannot undo what it accumulated without a copy of every gradient; the error says so,
+    how to recover (validity mode restores them: tested above), and which op failed."""
     @dx.function
     def halvings(x):  # values only: a dynamic loop
         return jax.lax.while_loop(lambda v: jnp.sum(v) > 1.0, lambda v: v * 0.5, x)
@@ -533,5 +533,7 @@ def test_a_failed_backward_says_the_gradients_are_partial():
     assert np.isfinite(loss.value())
     with pytest.raises(ValueError) as err:
         loss.backward()
-    assert any("partly accumulated" in n and "check_validity" in n
-               for n in getattr(err.value, "__notes__", []))
+    notes = getattr(err.value, "__notes__", [])
+    assert any("partly accumulated" in n and "check_validity" in n for n in notes)
+    # and it names the op whose backward failed, as the forward pass does
+    assert any("backward pass" in n and "halvings' node" in n for n in notes)

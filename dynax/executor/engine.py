@@ -440,47 +440,58 @@ class Engine:
         """Run the backward kernels of the batches the loss depends on (``live``: see
         ``_loss_ancestors``), last first."""
         once = _params_of_one_batch(g.batches)
-        for sig, modes, B, packet, nodes, gflags, fwd, saved, _ in reversed(g.batches):
-            if min(nodes) > loss_node:
-                continue
-            if gflags is None:  # forward saved nothing (train=False, or no gradient flowed)
-                gflags = _grad_flags(g, sig, nodes)
-                if gflags is None:
-                    continue
-            if g.check_validity:
-                for j, a in enumerate(sig.out_akeys):
-                    check_block(g, grads[a], packet[1 + j], nodes, sig, "gradient")
-            if live is not None or max(nodes) > loss_node:
-                lanes = _needed(nodes, loss_node, live)
-                if not all(lanes):
-                    if any(lanes):
-                        self._backward_some_lanes(g, grads, sig, modes, B, packet, nodes,
-                                                  gflags, lanes)
-                    continue
-            params = sig.params
-            if packet.ndim == 1:
-                # the first gradient of parameters that only this batch uses is returned as
-                # is (no zero buffer to add it to); limited to them, so that a recurrent
-                # cell, whose first batch in reverse order varies, compiles no variant per
-                # batch size
-                fresh = (bool(params) and not sig.op.row_gather
-                         and all(p._grad is None and p in once for p in params))
-                kern = backward_kernel(sig, modes, gflags, B, fwd, fresh)
-            else:  # a fused run (see _launch)
-                fresh = False
-                kern = backward_run_kernel(sig, modes, gflags, B, fwd, packet.shape[0])
-            new_g, new_pg = kern.fn(tuple(grads[a] for a in kern.write_akeys),
-                                    () if fresh else tuple(p._grad_buffer() for p in params),
-                                    tuple(self.arenas[a] for a in kern.read_akeys),
-                                    tuple(p._value for p in params), saved, packet)
-            for a, arr in zip(kern.write_akeys, new_g):
-                grads[a] = arr
-            for p, arr in zip(params, new_pg):
-                p._accumulate(arr, sig, g, nodes)
-            if g.check_validity:
-                check_param_grads(g, sig, nodes)
+        for batch in reversed(g.batches):
+            try:
+                self._backward_batch(g, grads, loss_node, live, once, *batch[:8])
+            except Exception as e:  # e.g. a dx.function JAX cannot differentiate
+                sig, nodes = batch[0], batch[4]
+                e.add_note(f"dynax: while running the backward pass of a batch of {len(nodes)} "
+                           f"'{sig.op.name}' node(s) (the first built as node {nodes[0]})")
+                raise
         for a, arr in grads.items():  # cleared now, so that the same step next compiles nothing
             self.spare_grads[a] = clear_rows(arr, min(arr.shape[0], _pow2(g.rows[a])))
+
+    def _backward_batch(self, g, grads, loss_node, live, once, sig, modes, B, packet, nodes,
+                        gflags, fwd, saved):
+        """One batch's (or fused run's) share of ``_backward_batches``."""
+        if min(nodes) > loss_node:
+            return
+        if gflags is None:  # forward saved nothing (train=False, or no gradient flowed)
+            gflags = _grad_flags(g, sig, nodes)
+            if gflags is None:
+                return
+        if g.check_validity:
+            for j, a in enumerate(sig.out_akeys):
+                check_block(g, grads[a], packet[1 + j], nodes, sig, "gradient")
+        if live is not None or max(nodes) > loss_node:
+            lanes = _needed(nodes, loss_node, live)
+            if not all(lanes):
+                if any(lanes):
+                    self._backward_some_lanes(g, grads, sig, modes, B, packet, nodes,
+                                              gflags, lanes)
+                return
+        params = sig.params
+        if packet.ndim == 1:
+            # the first gradient of parameters that only this batch uses is returned as
+            # is (no zero buffer to add it to); limited to them, so that a recurrent
+            # cell, whose first batch in reverse order varies, compiles no variant per
+            # batch size
+            fresh = (bool(params) and not sig.op.row_gather
+                     and all(p._grad is None and p in once for p in params))
+            kern = backward_kernel(sig, modes, gflags, B, fwd, fresh)
+        else:  # a fused run (see _launch)
+            fresh = False
+            kern = backward_run_kernel(sig, modes, gflags, B, fwd, packet.shape[0])
+        new_g, new_pg = kern.fn(tuple(grads[a] for a in kern.write_akeys),
+                                () if fresh else tuple(p._grad_buffer() for p in params),
+                                tuple(self.arenas[a] for a in kern.read_akeys),
+                                tuple(p._value for p in params), saved, packet)
+        for a, arr in zip(kern.write_akeys, new_g):
+            grads[a] = arr
+        for p, arr in zip(params, new_pg):
+            p._accumulate(arr, sig, g, nodes)
+        if g.check_validity:
+            check_param_grads(g, sig, nodes)
 
     def _backward_some_lanes(self, g, grads, sig, modes, B, packet, nodes, gflags, lanes):
         """The backward of a batch (or run) only some of whose nodes the loss depends on

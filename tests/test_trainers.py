@@ -413,3 +413,100 @@ def test_adagrad_trainer_follows_dynets_formula(sparse):
         e0 = e0 - 0.1 * np.where(h_e > 0, g_e / np.sqrt(h_e + 1e-20), 0.0)
         np.testing.assert_allclose(W.value, w0, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(E.value, e0, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["none", "depth", "agenda"])
+def test_sparse_rows_padding_does_not_enter_a_norm(strategy):
+    """Sparse mode pads a table's used rows to a bucket (bounded compiles); the padding
+    must be invisible to the transform: clipping sees the used row's norm only (one row
+    with gradient [3, 4], norm 5, clipped to norm 1, as Optax clips that table)."""
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((5, 2), init=np.zeros((5, 2), np.float32), name="E")
+    trainer = dx.Trainer(pc, optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(1.0)),
+                         sparse_updates=True)
+    dx.renew_cg(autobatch=strategy)
+    dx.dot_product(E[3], dx.input(np.array([3.0, 4.0], np.float32))).backward()
+    trainer.update()
+    want = np.zeros((5, 2), np.float32)
+    want[3] = [-0.6, -0.8]
+    np.testing.assert_allclose(E.value, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("make_tx", [
+    lambda: optax.named_chain(("clip", optax.clip_by_global_norm(100.0)),
+                              ("adam", optax.adam(0.1))),
+    lambda: optax.multi_transform(
+        {"a": optax.adam(0.1), "s": optax.sgd(0.1)},
+        lambda p: {k: "s" if k.startswith("b") else "a" for k in p})])
+def test_adding_a_parameter_keeps_each_parameters_state_under_labelled_transforms(make_tx):
+    """Optax states keyed by labels or chain names (dict keys that are not parameter
+    names): a parameter added later must not take another parameter's moments. Reference:
+    Optax over every parameter from the start, the late one unused until then (its Adam
+    moments stay zero, as fresh ones are)."""
+    x1, x2 = np.array([1.0, 2.0], np.float32), np.array([-5.0, 7.0], np.float32)
+    pc = dx.ParameterCollection(seed=0)
+    P = {n: pc.add_parameters((2,), name=n) for n in ("W", "V", "b")}
+    start = {n: p.value for n, p in P.items()}
+    trainer = dx.Trainer(pc, make_tx())
+
+    def loss(P, late):
+        total = (dx.dot_product(P["W"], dx.input(x1)) * dx.dot_product(P["V"], dx.input(x2))
+                 + dx.sum_elems(dx.tanh(P["b"])))
+        return total + dx.sum_elems(P["U"]) * 2.0 if late else total
+
+    for k in range(4):
+        if k == 2:
+            P["U"] = pc.add_parameters((2,), name="U")
+            start["U"] = P["U"].value
+        dx.renew_cg()
+        loss(P, k >= 2).backward()
+        trainer.update()
+
+    def ref(p, late):
+        total = jnp.dot(p["W"], x1) * jnp.dot(p["V"], x2) + jnp.sum(jnp.tanh(p["b"]))
+        return total + jnp.sum(p["U"]) * 2.0 * late
+
+    want = optax_reference(make_tx(), start, [0.0, 0.0, 1.0, 1.0], ref)
+    for n, p in P.items():
+        np.testing.assert_allclose(p.value, want[n], rtol=1e-5, atol=1e-6, err_msg=n)
+
+
+@pytest.mark.parametrize("make_tx,match", [
+    (lambda: optax.adamw(0.1, mask={"W": True, "E": False}), "dict keyed by"),
+    (lambda: optax.multi_transform({"a": optax.adam(0.1), "s": optax.sgd(0.1)},
+                                   {"W": "a", "E": "s"}), "dict keyed by"),
+    (lambda: optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2), "accumulates")])
+def test_sparse_mode_refuses_what_it_cannot_split_by_rows(make_tx, match):
+    """A mask or labels over every parameter's name does not fit the groups of sparse mode,
+    and gradients accumulated over steps would be lost for rows the applying step does not
+    use: both are refused with what to do, and nothing changes; dense mode runs them."""
+    pc, E, W = build()
+    before = (np.array(E.value), np.array(W.value))
+    trainer = dx.Trainer(pc, make_tx(), sparse_updates=True)
+    dx.renew_cg()
+    loss_of(E, W, [1, 2]).backward()
+    with pytest.raises(ValueError, match=match) as err:
+        trainer.update()
+    assert "sparse_updates=False" in str(err.value)
+    np.testing.assert_array_equal(E.value, before[0])
+    np.testing.assert_array_equal(W.value, before[1])
+    trainer.sparse_updates = False
+    trainer.update()  # (MultiSteps moves nothing before its second step)
+    assert trainer.updates == 1
+
+
+def test_restart_forgets_the_optimizer_state_as_in_dynet():
+    """After ``restart()`` the next update is a fresh Adam's first step (moments and step
+    count start over); ``restart(learning_rate)`` also sets the rate."""
+    pc, E, W = build()
+    trainer = dx.AdamTrainer(pc, alpha=0.1)
+    for _ in range(3):
+        step(trainer, E, W, [1, 2])
+    after_three = {"E": E.value, "W": W.value}
+    trainer.restart(learning_rate=0.05)
+    assert trainer.learning_rate == pytest.approx(0.05) and trainer.updates == 0
+    step(trainer, E, W, [1, 2])
+    want = optax_reference(optax.adam(0.05), after_three, [[1, 2]],
+                           lambda p, rows: ref_loss(p["E"], p["W"], rows))
+    np.testing.assert_allclose(E.value, want["E"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(W.value, want["W"], rtol=1e-5, atol=1e-6)

@@ -17,7 +17,12 @@ mode refuses such an optimizer rather than compute something else.
 
 In sparse mode the ordinary parameters share one Optax state and each lookup table has its
 own, so a transform whose update couples parameters (e.g. ``optax.clip_by_global_norm``) sees
-them group by group; use the trainer's ``clip_threshold`` for global-norm clipping instead.
+them group by group (a table: its used rows only); use the trainer's ``clip_threshold`` for
+global-norm clipping instead. For the same reason a mask or labels given as a dict over all
+parameter names (``optax.adamw(mask=...)``, ``optax.multi_transform``) must be given as a
+function of the parameters in sparse mode, and transforms that accumulate gradients over
+steps (``optax.MultiSteps``) are refused there: the rows used before the applying step
+would never be applied.
 """
 from __future__ import annotations
 
@@ -84,21 +89,31 @@ class Trainer:
         updates = jax.tree_util.tree_map(lambda u: u * lr_scale, updates)
         return optax.apply_updates(values, updates), state
 
-    def _apply_rows(self, value, grad, state, rows, scale, lr_scale):
-        """Update ``rows`` of a table (duplicates in ``rows`` carry identical data)."""
+    def _apply_rows(self, value, grad, state, rows, n, scale, lr_scale):
+        """Update the first ``n`` of ``rows`` of a table; the rest is padding (bounded
+        compiles), given to ``tx`` as rows of zeros (value, gradient and state) so that a
+        transform reducing over the rows (``clip_by_global_norm``'s norm, a trust ratio)
+        sees the used rows only, and written nowhere."""
         shape = value.shape
-        sub_state = _rows_of(state, shape, rows)
-        updates, new_sub = self.tx.update(grad[rows] * scale, sub_state, value[rows])
-        new_rows = optax.apply_updates(value[rows], updates * lr_scale)
+        at = jnp.where(jnp.arange(rows.shape[0]) < n, rows, shape[0])  # padding: past the end
 
-        def put(leaf, sub):
-            return leaf.at[rows].set(sub) if _per_element(leaf, shape) else sub
+        def take(leaf):  # padding reads zeros
+            return leaf.at[at].get(mode="fill", fill_value=0)
+
+        sub_state = jax.tree_util.tree_map(
+            lambda leaf: take(leaf) if _per_element(leaf, shape) else leaf, state)
+        old_rows = take(value)
+        updates, new_sub = self.tx.update(take(grad) * scale, sub_state, old_rows)
+        new_rows = optax.apply_updates(old_rows, updates * lr_scale)
+
+        def put(leaf, sub):  # padding writes nothing
+            return leaf.at[at].set(sub, mode="drop") if _per_element(leaf, shape) else sub
 
         state = jax.tree_util.tree_map(put, state, new_sub)
         # outputs in the order of the donated inputs: JAX pairs donated buffers with outputs
         # by position and shape, and a mismatch makes XLA copy every table (measured: 7
         # copies of 20000x300, 130 ms, instead of in-place row scatters)
-        return value.at[rows].set(new_rows), state
+        return value.at[at].set(new_rows, mode="drop"), state
 
     def _advance_count(self, value, state):
         """The state of a table no update touched this time: its scalar leaves (the step
@@ -126,17 +141,35 @@ class Trainer:
         # committed to the device like the step's outputs, so the second step hits the cache
         device = get_device()
         old = self._state
-        known = _known_leaves(old)
-        state = self.tx.init({p.name: p._value for p in groups[""]})
-        new = {"": jax.device_put(_carry_over(state, known), device)}
+        every = {p.name for p in params} | set(self._names[0] if self._names else ())
+        known = _known_leaves(old, every)
+        state = self._init({p.name: p._value for p in groups[""]}, "its other parameters")
+        new = {"": jax.device_put(_carry_over(state, known, every), device)}
         for p in tables:
             if p.name in old:
                 new[p.name] = old[p.name]
                 continue
-            state = self.tx.init(p._value)
+            state = self._init(p._value, f"lookup table {p.name!r}")
             _check_row_wise(p, state)
-            new[p.name] = jax.device_put(_carry_over(state, known, p.name), device)
+            new[p.name] = jax.device_put(_carry_over(state, known, every, p.name), device)
         self._names, self._state = names, new
+
+    def _init(self, values, what: str):
+        """``tx.init(values)``; in sparse mode, where ``values`` is one group of the
+        parameters only, an error says so (a mask or labels given as a dict over every
+        parameter's name does not fit a group)."""
+        try:
+            return self.tx.init(values)
+        except (ValueError, TypeError) as e:
+            if not self.sparse_updates:
+                raise
+            raise ValueError(
+                f"sparse_updates: the optimizer could not be set up for {what} alone "
+                f"({type(e).__name__}: {str(e).splitlines()[0]}). In sparse mode each lookup "
+                "table has its own optimizer state, and the other parameters share one, so "
+                "a mask or labels given as a dict keyed by every parameter's name do not fit; "
+                "give them as a function of the parameters, or use sparse_updates=False"
+            ) from e
 
     def _scale(self, params) -> float:
         if self.clip_threshold is None:
@@ -228,10 +261,20 @@ class Trainer:
         padded = np.full(bucket(max(8, len(rows))), rows[0], np.int32)  # bounded compiles
         padded[: len(rows)] = rows
         p._value, self._state[p.name] = self._sparse_step(
-            value, p._grad, self._state[p.name], padded, scale, lr_scale)
+            value, p._grad, self._state[p.name], padded, np.int32(len(rows)), scale, lr_scale)
         p._grad = self._zero_rows(p._grad, padded)  # reused in place
         p._has_grad = False
         p.touched = set()
+
+    def restart(self, learning_rate=None) -> None:
+        """DyNet's ``restart``: forget the optimizer's state (moments, accumulators and the
+        step count, so a schedule starts over), as if the trainer were new. Gradients
+        accumulated since the last update are kept. ``learning_rate``, if given, is set as
+        ``trainer.learning_rate = learning_rate`` would set it."""
+        if learning_rate is not None:
+            self.learning_rate = learning_rate
+        self._names, self._state = (), {}
+        self.updates = 0
 
     def status(self) -> str:
         """A one-line summary (updates so far, last gradient norm if clipping)."""
@@ -254,38 +297,41 @@ def _rows_of(state, shape, rows):
                                   state)
 
 
-def _leaf_key(path, leaf, table=None):
+def _leaf_key(path, leaf, names, table=None):
     """Where a leaf of an Optax state belongs, whatever the state's layout: ``(parameter
-    name, path without the name)`` for a parameter's own leaf (in the dense group's
-    per-parameter dicts, or a sparse table's own state: ``table``), ``(None, path)`` for a
-    shared one (the step count)."""
-    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-    if names:
-        return names[0], tuple(k for k in path if not isinstance(k, jax.tree_util.DictKey))
+    name, path without the name)`` for a parameter's own leaf (under its name in the dense
+    group's per-parameter dicts, or in a sparse table's own state: ``table``), ``(None,
+    path)`` for a shared one (the step count). ``names`` are the parameters' names: other
+    dict keys on the path (``multi_transform``'s labels, ``named_chain``'s names) are part
+    of the place, not the owner."""
+    for i in reversed(range(len(path))):
+        k = path[i]
+        if isinstance(k, jax.tree_util.DictKey) and k.key in names:
+            return k.key, tuple(path[:i]) + tuple(path[i + 1:])
     if table is not None and getattr(leaf, "shape", ()) != ():
         return table, tuple(path)
     return None, tuple(path)
 
 
-def _known_leaves(states: dict) -> dict:
+def _known_leaves(states: dict, names) -> dict:
     """Every leaf of a trainer's states (``""`` the dense group, else a table's name) by
     ``_leaf_key``. A shared leaf (the step count) is taken from a table first: every update
     advances the tables' counts, while the dense group's stays put while it is empty."""
     known = {}
     for name in sorted(states, key=lambda name: name == ""):
         for path, leaf in jax.tree_util.tree_leaves_with_path(states[name]):
-            known.setdefault(_leaf_key(path, leaf, name or None), leaf)
+            known.setdefault(_leaf_key(path, leaf, names, name or None), leaf)
     return known
 
 
-def _carry_over(new, known: dict, table=None):
+def _carry_over(new, known: dict, names, table=None):
     """``new`` (a freshly initialised Optax state, of the dense group or of ``table``) with
     every leaf that ``known`` has for the same parameter and place (and shape) taken from
     it: parameters added to a collection get fresh moments, the others keep theirs (also
     when a table moves between the dense group and its own sparse state), and the step
     count goes on, as in DyNet."""
     def pick(path, leaf):
-        prev = known.get(_leaf_key(path, leaf, table))
+        prev = known.get(_leaf_key(path, leaf, names, table))
         ok = prev is not None and getattr(prev, "shape", None) == getattr(leaf, "shape", None)
         # a copy: the steps donate their state, and a leaf may be carried to two places
         return jnp.array(prev, copy=True) if ok else leaf
@@ -293,9 +339,25 @@ def _carry_over(new, known: dict, table=None):
     return jax.tree_util.tree_map_with_path(pick, new)
 
 
+# States of transforms that gather gradients over several steps and apply them later: row
+# by row, the rows a later step does not use would never be applied (gradients lost, not
+# the "lazy" variant), so sparse mode refuses them.
+_ACCUMULATING = tuple(t for t in (getattr(optax, "MultiStepsState", None),
+                                  getattr(optax, "ApplyEvery", None)) if t is not None)
+
+
 def _check_row_wise(p: LookupParameter, state) -> None:
     """Raise unless every leaf of a table's optimizer state is per element (the table's
-    shape) or scalar, the two kinds a row-wise update can handle."""
+    shape) or scalar, the two kinds a row-wise update can handle, and no transform
+    accumulates gradients over steps."""
+    nodes = jax.tree_util.tree_leaves(state, is_leaf=lambda x: isinstance(x, _ACCUMULATING))
+    for node in nodes:
+        if isinstance(node, _ACCUMULATING):
+            raise ValueError(
+                f"sparse_updates: the optimizer accumulates gradients over steps "
+                f"({type(node).__name__}) and applies them later, which a row-wise update "
+                f"of lookup table {p.name!r} would lose for rows the applying step does not "
+                "use. Use sparse_updates=False for this optimizer.")
     for path, leaf in jax.tree_util.tree_leaves_with_path(state):
         shape = getattr(leaf, "shape", ())
         if shape not in ((), tuple(p.shape)):

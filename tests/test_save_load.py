@@ -186,3 +186,54 @@ def test_loaded_model_gives_identical_loss(tmp_path, strategy):
     dx.save(path, [a.E] + a.builders())
     dx.load(path, [b.E] + b.builders())
     assert loss(b) == want
+
+
+@pytest.mark.parametrize("name", ["file", "allow_pickle"])
+def test_any_parameter_name_round_trips(tmp_path, name):
+    """Names are file entries, never keyword arguments of a NumPy call (``np.savez(file,
+    **arrays)`` failed on ``file`` and swallowed ``allow_pickle`` as its flag)."""
+    pc = dx.ParameterCollection(seed=0)
+    enc = pc.add_subcollection("enc")
+    p = enc.add_parameters((2,), init=np.array([1.0, 2.0], np.float32), name=name)
+    path = tmp_path / "m.npz"
+    enc.save(path)
+    assert sorted(np.load(path).files) == sorted(["__dynax_format__", name])
+    p.set_value(np.zeros(2, np.float32))
+    enc.populate(path)
+    np.testing.assert_array_equal(p.value, [1.0, 2.0])
+
+
+def test_a_reserved_parameter_name_is_refused_at_save(tmp_path):
+    pc = dx.ParameterCollection(seed=0)
+    pc.add_parameters((2,), name="__dynax_format__")
+    path = tmp_path / "m.npz"
+    with pytest.raises(ValueError, match="__dynax_format__.*reserved"):
+        pc.save(path)
+    assert not path.exists()
+
+
+def test_save_keeps_the_files_mode_and_a_symlink(tmp_path):
+    """A save replaces the file as ``open(path, 'w')`` would: the mode of the file it
+    replaces (a new one: the umask's), and through a symlink (mkstemp's private 0600
+    temporary and a replaced link were what users saw)."""
+    import os
+    import stat
+    pc = dx.ParameterCollection(seed=0)
+    pc.add_parameters((2,), name="W")
+    old_umask = os.umask(0o022)
+    try:
+        new = tmp_path / "new.npz"
+        pc.save(new)
+        assert stat.S_IMODE(os.stat(new).st_mode) == 0o644
+        old = tmp_path / "old.npz"
+        old.write_text("old")
+        os.chmod(old, 0o640)
+        pc.save(old)
+        assert stat.S_IMODE(os.stat(old).st_mode) == 0o640
+        link = tmp_path / "link.npz"
+        link.symlink_to(old)
+        pc.save(link)
+        assert link.is_symlink() and os.path.samefile(link, old)
+        pc.populate(old)
+    finally:
+        os.umask(old_umask)

@@ -16,6 +16,7 @@ reads and checks every name and shape before it changes anything.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import zipfile
 
@@ -32,17 +33,25 @@ COLLECTION = "ParameterCollection"  # the manifest's kind for a saved collection
 # ---- the file --------------------------------------------------------------------------------
 
 def _write_npz(arrays: dict, path) -> None:
-    """Write ``arrays`` (plus the format version) to ``path`` atomically."""
-    path = os.fspath(path)
+    """Write ``arrays`` (plus the format version) to ``path`` atomically, as an ``.npz``
+    that ``np.load`` reads. Written member by member (``np.savez`` takes the names as
+    keyword arguments, so a parameter named ``file`` would clash with its own). The file
+    keeps the mode of the one it replaces (a new one: the umask's), and a symlink at
+    ``path`` keeps pointing at the file it names, which is what gets replaced."""
+    path = os.path.realpath(os.fspath(path))
     arrays = dict(arrays)
     arrays[FORMAT_KEY] = np.asarray(FORMAT_VERSION)
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = os.path.dirname(path)
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"save: the folder of {path!r} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=".dynax-", suffix=".tmp", dir=folder)
     try:
+        os.chmod(tmp, _mode_for(path))  # mkstemp makes it private (0600)
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+                for name, a in arrays.items():
+                    with z.open(name + ".npy", "w", force_zip64=True) as member:
+                        np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -50,6 +59,17 @@ def _write_npz(arrays: dict, path) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def _mode_for(path) -> int:
+    """The permissions a save gives ``path``: those of the file there, else what a new
+    file gets under the process's umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def load_arrays(path, who: str = "populate") -> dict:
@@ -125,7 +145,12 @@ def _commit(staged) -> None:
 
 def save_parameters(params, path, strip: str = "") -> None:
     """Write ``params`` keyed by their names with the prefix ``strip`` removed."""
-    _write_npz({p.name[len(strip):]: np.asarray(p._value) for p in params}, path)
+    arrays = {p.name[len(strip):]: np.asarray(p._value) for p in params}
+    for name in arrays:
+        if name in (FORMAT_KEY, OBJECTS_KEY, KINDS_KEY):
+            raise ValueError(f"save: parameter name {name!r} is reserved by dynax's file "
+                             "format; give the parameter another name")
+    _write_npz(arrays, path)
 
 
 def populate_parameters(params, path, strip: str = "") -> None:

@@ -216,3 +216,45 @@ def test_equal_modules_share_compiled_kernels():
     assert compiles == 0
     np.testing.assert_allclose(
         out, np.asarray(mlp_apply(second.flax_params(), XS[0])), **TOL)
+
+
+class Normed(nn.Module):
+    """A Dense then a BatchNorm in inference mode: parameters and batch statistics."""
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.BatchNorm(use_running_average=True)(nn.Dense(OUT)(x))
+
+
+@pytest.mark.parametrize("strategy", ["none", "agenda"])
+def test_linen_block_from_pretrained_variables_and_back(strategy):
+    """``variables=`` starts a block from pretrained weights and statistics (not
+    ``module.init``); ``flax_variables()`` gives every collection back, so Flax applies the
+    trained module itself. Values and gradients match plain JAX on those variables."""
+    module = Normed()
+    init = jax.jit(module.init)(jax.random.PRNGKey(3), XS[0])
+    stats = jax.tree_util.tree_map(lambda a: a + 0.5, init["batch_stats"])  # "pretrained"
+    params = jax.tree_util.tree_map(lambda a: a * 2.0 + 0.1, init["params"])
+    pretrained = {"params": params, "batch_stats": stats}
+    block = dx.nn.from_flax(module, dx.ParameterCollection(seed=0), XS[0],
+                            variables=pretrained)
+    dx.renew_cg(autobatch=strategy)
+    outs = [block(dx.input(x)) for x in XS]
+    loss = dx.esum([dx.pickneglogsoftmax(o, y) for o, y in zip(outs, YS)])
+    loss.backward()
+
+    def ref(params):
+        logits = jax.vmap(lambda x: module.apply({"params": params, "batch_stats": stats},
+                                                 x))(XS)
+        return -jnp.sum(jax.nn.log_softmax(logits)[jnp.arange(N), jnp.asarray(YS)]), logits
+
+    (value, logits), grads = jax.jit(jax.value_and_grad(ref, has_aux=True))(params)
+    np.testing.assert_allclose(np.stack([o.npvalue() for o in outs]), logits, **TOL)
+    np.testing.assert_allclose(loss.scalar_value(), float(value), **TOL)
+    for p, g in zip(block.params, jax.tree_util.tree_leaves(grads), strict=True):
+        np.testing.assert_allclose(np.asarray(p.grad), np.asarray(g), err_msg=p.name, **TOL)
+    got = block.flax_variables()
+    assert set(got) == {"params", "batch_stats"}
+    np.testing.assert_allclose(jax.jit(module.apply)(got, XS[1]), outs[1].npvalue(), **TOL)
+    with pytest.raises(ValueError, match="'params' entry"):
+        dx.nn.from_flax(module, dx.ParameterCollection(), XS[0], variables=params)

@@ -106,8 +106,9 @@ class FlaxBlock:
     """
 
     def __init__(self, module, pc, params, fn, unflatten, input_shapes, out_treedef,
-                 out_shapes):
+                 out_shapes, constants=None):
         self.module = module
+        self._constants = constants
         self.pc = pc
         self.params = params
         self.input_shapes = input_shapes
@@ -143,16 +144,26 @@ class FlaxBlock:
     def flax_params(self):
         """The module's parameter pytree with the current dynax values.
 
-        linen: ``module.apply({"params": block.flax_params()}, x)``; nnx: an ``nnx.State``,
-        for ``nnx.update(module, block.flax_params())``."""
+        linen: see ``flax_variables`` for ``module.apply``; nnx: an ``nnx.State``, for
+        ``nnx.update(module, block.flax_params())``."""
         return self._unflatten([p.value for p in self.params])  # the user's to keep
+
+    def flax_variables(self):
+        """linen: every variable collection of the module, ``"params"`` with the current
+        dynax values and the others (e.g. ``batch_stats``) as held constant, for
+        ``module.apply(block.flax_variables(), x)`` or to save in Flax's own format."""
+        if self._constants is None:
+            raise TypeError("flax_variables: an nnx block's module holds its own variables; "
+                            "use nnx.update(module, block.flax_params())")
+        return {**self._constants, "params": self.flax_params()}
 
     def __repr__(self):
         return (f"FlaxBlock({type(self.module).__name__}, inputs={self.input_shapes}, "
                 f"parameters={len(self.params)})")
 
 
-def from_flax(module, pc, example_input, name: str | None = None, rng=None) -> FlaxBlock:
+def from_flax(module, pc, example_input, name: str | None = None, rng=None,
+              variables=None) -> FlaxBlock:
     """Wrap a Flax module as a dynax block: one graph node per call, batched by dynax.
 
     Args:
@@ -170,13 +181,18 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None) -> F
         ``_1``, ``_2``, ... as builders do when the collection already has one of that name.
       rng: the ``jax.random`` key for ``module.init`` (default: the next key of ``pc``, so a
         collection's seed fixes the initial weights).
+      variables: linen only: the module's variables to start from instead of
+        ``module.init`` (pretrained weights: ``{"params": ..., "batch_stats": ...}``, as
+        ``module.init`` or ``block.flax_variables()`` returns them); checked against the
+        example input.
 
     Returns:
       A ``FlaxBlock``: ``block(x)`` returns the module's output as Expressions (one, or the
       module's output structure holding several). Variables other than parameters (linen
       collections other than ``"params"``, nnx state other than ``nnx.Param``) are held
       constant. The dynax parameters are the trained copy: ``block.flax_params()`` gives
-      them back in Flax's layout (for nnx, ``nnx.update(module, block.flax_params())``).
+      them back in Flax's layout (linen: ``module.apply(block.flax_variables(), x)``; nnx:
+      ``nnx.update(module, block.flax_params())``).
       Parameters and values are float32 in dynax (other float dtypes are cast back inside
       the module). Blocks of equal linen modules share their compiled kernels.
 
@@ -210,14 +226,22 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None) -> F
     shapes = ", ".join(str(x.shape) for x in examples)
     kind = type(module).__name__
 
+    if variables is not None and not isinstance(module, linen.Module):
+        raise TypeError(f"from_flax: variables= is for linen modules; an nnx module ({kind}) "
+                        "holds its own")
     if isinstance(module, linen.Module):
-        key = pc._next_key() if rng is None else rng
-        try:
-            variables = _init(module, key, *examples)
-        except Exception as e:
-            raise ValueError(f"from_flax: {kind}.init failed on an example input of shape "
-                             f"{shapes} (one example, no batch dimension): "
-                             f"{type(e).__name__}: {e}") from e
+        if variables is None:
+            key = pc._next_key() if rng is None else rng
+            try:
+                variables = _init(module, key, *examples)
+            except Exception as e:
+                raise ValueError(f"from_flax: {kind}.init failed on an example input of shape "
+                                 f"{shapes} (one example, no batch dimension): "
+                                 f"{type(e).__name__}: {e}") from e
+        elif not hasattr(variables, "keys") or "params" not in variables:
+            raise ValueError(f"from_flax: variables must be a dict of variable collections "
+                             f"with a 'params' entry, as {kind}.init returns; got "
+                             f"{type(variables).__name__}")
         variables = dict(variables)
         params = variables.pop("params", {})
         constants = variables  # other collections (e.g. batch_stats) are held constant
@@ -279,4 +303,4 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None) -> F
                                           if value.shape == () else value,
                                           name=_path_name(path)))
     return FlaxBlock(module, sub, dparams, fn, unflatten, input_shapes, out_treedef,
-                     [tuple(o.shape) for o in out_leaves])
+                     [tuple(o.shape) for o in out_leaves], constants)

@@ -495,10 +495,12 @@ def test_a_batch_that_fails_to_run_is_named_and_earlier_values_still_read():
     assert dx.sum_elems(dx.input(np.ones(3))).value() == 3.0
 
 
-def test_a_kernel_that_failed_to_trace_is_not_reused():
-    """A callback without a JVP rule cannot be traced for a training forward (which saves
-    vjp residuals); that failure must not poison the function: an evaluation graph, which
-    would otherwise reuse the cached training kernel, computes it."""
+@pytest.mark.parametrize("strategy", ["none", "depth", "agenda"])
+def test_a_function_jax_cannot_differentiate_runs_for_decisions(strategy):
+    """A callback without a JVP rule cannot save vjp residuals in a training forward: it
+    runs values-only instead (a model may decide with it), a loss that does not depend on
+    it gets jax.grad's gradient, and a backward that would need it is refused, naming the
+    op, before anything is accumulated. An evaluation graph computes it as well."""
     def host_round(a):
         return np.round(a).astype(np.float32)
 
@@ -509,13 +511,22 @@ def test_a_kernel_that_failed_to_trace_is_not_reused():
 
     pc = dx.ParameterCollection(seed=0)
     W = pc.add_parameters((3, 3), name="W")
-    x = np.array([0.4, 1.6, -2.2], np.float32)
-    dx.renew_cg(train=True)
-    with pytest.raises(ValueError, match="JVP"):
-        rounded(W @ dx.input(x)).npvalue()
-    dx.renew_cg(train=False)
-    np.testing.assert_array_equal(rounded(W @ dx.input(x)).npvalue(),
-                                  np.round(np.asarray(W.value) @ x))
+    xs = [np.array([0.4, 1.6, -2.2], np.float32) * k for k in (1, 2, 3)]
+    dx.renew_cg(train=True, autobatch=strategy)
+    hs = [W @ dx.input(x) for x in xs]
+    decisions = [rounded(h) for h in hs]
+    for d, x in zip(decisions, xs):
+        np.testing.assert_array_equal(d.npvalue(), np.round(np.asarray(W.value) @ x))
+    dx.esum([dx.sum_elems(dx.tanh(h)) for h in hs]).backward()
+    want = jax.grad(lambda w: sum(jnp.sum(jnp.tanh(w @ x)) for x in xs))(jnp.asarray(W.value))
+    np.testing.assert_allclose(W.grad, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="backward: the loss depends on '.*rounded'.*cannot "
+                                         "differentiate"):
+        dx.sum_elems(decisions[1] * hs[1]).backward()
+    np.testing.assert_allclose(W.grad, want, rtol=1e-5, atol=1e-6)  # nothing accumulated
+    dx.renew_cg(train=False, autobatch=strategy)
+    np.testing.assert_array_equal(rounded(W @ dx.input(xs[0])).npvalue(),
+                                  np.round(np.asarray(W.value) @ xs[0]))
 
 
 def test_a_failed_backward_says_the_gradients_are_partial():

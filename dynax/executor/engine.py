@@ -212,9 +212,10 @@ class Engine:
     def _launch_checked(self, g, run):
         """``_launch``; an error there (compiling or running the kernel, e.g. a function JAX
         cannot batch) names the op, and leaves the graph failed: its rows are handed out
-        part-way, so nothing more can run on it."""
+        part-way, so nothing more can run on it. A training forward that fails where a
+        values-only one runs (a callback without a JVP rule) runs values-only instead."""
         sig = run[0][0]
-        n_kernels = len(sig.kernels)
+        n_kernels, n_batches, n_launches = len(sig.kernels), len(g.batches), g.n_launches
         try:
             self._launch(g, run)
         except Exception as e:
@@ -224,12 +225,34 @@ class Engine:
             # evaluation reuses a training kernel)
             for key in list(sig.kernels)[n_kernels:]:
                 del sig.kernels[key]
+            if run[0][3] is not None:  # it saved residuals: try without
+                del g.batches[n_batches:]
+                g.n_launches = n_launches
+                if self._launch_values_only(g, run):
+                    return
             what = (f"a batch of {sum(len(s[5]) for s in run)} '{sig.op.name}' node(s) (the "
                     f"first built as node {nodes[0]})")
             first_line = str(e).splitlines()[0] if str(e) else ""
             g.failed = f"{what} failed: {type(e).__name__}: {first_line}"
             e.add_note(f"dynax: while running {what}")
             raise
+
+    def _launch_values_only(self, g, run) -> bool:
+        """Launch ``run`` without vjp residuals; whether it ran. If it did, the signature
+        runs so from now on; its backward, if a loss needs it, recomputes them and fails
+        there, naming the op (``_backward_batches``)."""
+        sig = run[0][0]
+        n_kernels, n_batches, n_launches = len(sig.kernels), len(g.batches), g.n_launches
+        try:
+            self._launch(g, [(*step[:3], None, *step[4:]) for step in run])
+        except Exception:
+            for key in list(sig.kernels)[n_kernels:]:
+                del sig.kernels[key]
+            del g.batches[n_batches:]
+            g.n_launches = n_launches
+            return False
+        sig.values_only = True
+        return True
 
     def _rows(self, g, consts, lo: int, hi: int, plan=None) -> dict:
         """Per arena, the rows this forward pass can write at most (``_alloc``'s rule: rows
@@ -315,7 +338,8 @@ class Engine:
         B = _lanes(n)
         outs = g.node_out
         # where a gradient may flow, the forward kernel also saves the vjp residuals
-        gflags = _grad_flags(g, sig, nodes) if g.train and not sig.op.row_gather else None
+        gflags = (_grad_flags(g, sig, nodes)
+                  if g.train and not sig.op.row_gather and not sig.values_only else None)
         modes, all_rows = self._modes(g, sig, nodes)
         # the packet: [n, output starts, per value arg (B rows | 1 row), per int arg (B ints)]
         packet = [n]
@@ -417,7 +441,7 @@ class Engine:
             # it after ``trainer.update()`` waits for the forward pass only
             g.pending_reads[v] = self._start_read(g, v)
         live = _loss_ancestors(g, loss_node)
-        _check_parameters_unchanged(g, loss_node, live)
+        _check_backward_possible(g, loss_node, live)
         grads = self._gradient_arenas(g)
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
         if not g.check_validity:
@@ -544,12 +568,21 @@ class Engine:
         return grads
 
 
-def _check_parameters_unchanged(g, loss_node: int, live) -> None:
-    """Refuse a backward pass through batches whose parameters changed after they ran
-    (``set_value``, ``populate``, a trainer update): the vjp would mix the old values the
-    forward used with the new ones (the parameters' old arrays may be gone: updates donate
-    them). Checked before any kernel runs, so nothing is accumulated."""
+def _check_backward_possible(g, loss_node: int, live) -> None:
+    """Refuse, before any kernel runs (so nothing is accumulated), a backward pass through
+    batches whose parameters changed after they ran (``set_value``, ``populate``, a trainer
+    update: the vjp would mix the old values the forward used with the new ones, and the
+    old arrays may be gone, as updates donate them), or through a function JAX cannot
+    differentiate (``Signature.values_only``)."""
     for b in g.batches:
+        if b.sig.values_only and b.gflags is None and any(_needed(b.nodes, loss_node, live)) \
+                and _grad_flags(g, b.sig, b.nodes) is not None:
+            raise ValueError(
+                f"backward: the loss depends on '{b.sig.op.name}' (a batch of {len(b.nodes)} "
+                f"node(s), the first built as node {b.nodes[0]}), which JAX cannot "
+                "differentiate (its training forward failed: e.g. a callback without a JVP "
+                "rule); use its values for decisions only, or give the function a "
+                "jax.custom_jvp")
         changed = [p for p, v in zip(b.sig.params, b.param_values) if p._value is not v]
         if changed and any(_needed(b.nodes, loss_node, live)):
             raise StaleExpressionError(

@@ -83,7 +83,8 @@ class Signature:
     """Everything nodes must share to run as one batched kernel (interned, global)."""
 
     __slots__ = ("sid", "op", "kinds", "statics", "params", "param_pos", "in_akeys",
-                 "out_akeys", "multi", "bounds", "n_ints", "kernels", "has_params")
+                 "out_akeys", "multi", "bounds", "n_ints", "kernels", "has_params",
+                 "values_only")
 
     def __init__(self, sid, op, kinds, statics, params, param_pos, in_akeys, out_akeys,
                  multi, bounds):
@@ -100,6 +101,9 @@ class Signature:
         self.n_ints = kinds.count("i")
         self.has_params = bool(params)
         self.kernels: dict = {}  # executor's cache of jitted kernels (shared, see below)
+        # its forward cannot save vjp residuals (a callback without a JVP rule): training
+        # graphs run it values-only, and a backward that needs it says it cannot
+        self.values_only = False
 
     def __repr__(self):
         return f"Signature({self.op.name}, {self.kinds}, sid={self.sid})"

@@ -320,13 +320,17 @@ def test_signatures_and_shapes_interned_from_two_threads_stay_distinct():
     import threading
     from dynax.ops.registry import AKEY_AVAL, SIGNATURES
 
+    @dx.function
+    def scaled(x, c):  # a static float: a signature per value
+        return x * c
+
     start = len(SIGNATURES)
 
     def work(offset):
         dx.renew_cg()
         for n in range(offset, 2000, 2):
             x = dx.input(np.ones((n % 7 + 700, 1 + n % 3), np.float32))
-            dx.cmult(x, float(n) + 0.5)
+            scaled(x, float(n) + 0.5)
 
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)

@@ -650,3 +650,40 @@ def test_hinge_at_large_scores_is_exact(strategy):
                                   ([1e5, -3.0, 1e5 - 8.0], 0, 1.0))]
     dx.forward(losses)
     np.testing.assert_array_equal([l.scalar_value() for l in losses], [0.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_number_operands_are_data_not_signature(strategy):
+    """``e * w``, ``w - e``, ``e / w``, ``w + e`` for a different Python number per instance
+    (per-instance weights, an annealed factor): the numbers are data, so each operator is
+    one batch whatever the values, and a new graph with new numbers compiles nothing (as
+    part of the signature, each value was a batch and a compilation). Values and gradients
+    equal jax.grad's."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 4), name="W")
+    xs = np.random.default_rng(0).standard_normal((12, 4)).astype(np.float32)
+
+    def build(weights):
+        cg = dx.renew_cg(autobatch=strategy)
+        terms = []
+        for x, w in zip(xs, weights):
+            h = dx.tanh(W @ dx.input(x))
+            terms.append(dx.sum_elems(((h * w) / (w + 1.0) + (2.0 - h) * -0.0) * (1 - w)))
+        return cg, dx.esum(terms)
+
+    def ref(Wv, weights):
+        return sum(jnp.sum((jnp.tanh(Wv @ x) * w) / (w + 1.0) * (1 - w))
+                   for x, w in zip(xs, weights))
+
+    for seed in (1, 2):
+        weights = [float(w) for w in np.random.default_rng(seed).uniform(0.1, 0.9, len(xs))]
+        W.zero_grad()
+        cg, loss = build(weights)
+        loss.backward()
+        np.testing.assert_allclose(loss.scalar_value(), ref(W.value, weights), rtol=1e-5)
+        np.testing.assert_allclose(W.grad, jax.grad(ref)(jnp.asarray(W.value), weights),
+                                   rtol=1e-5, atol=1e-6)
+        if strategy != "none":  # every operator one batch: the 12 instances' values differ
+            assert cg.stats()["batches"] <= 12
+        if seed == 2:  # the same graph shape with new numbers: nothing new to compile
+            assert cg.stats()["compiles"] == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import operator
 import threading
 import time
@@ -16,8 +17,11 @@ import time
 import numpy as np
 
 from ..errors import ArgumentTypeError, IndexOutOfRangeError, StaleExpressionError
-from ..ops.registry import AKEY_AVAL, SIG_CACHE, describe, signature_for
+from ..ops.registry import AKEY_AVAL, SIG_CACHE, akey_of, describe, signature_for
 from ..sites import user_site
+
+_FLOAT = np.dtype(np.float32)
+_SCALAR = akey_of((), _FLOAT)  # the arena of 0-d float32 values
 
 STRATEGIES = ("agenda", "depth", "none")
 
@@ -77,6 +81,7 @@ class ComputationGraph:
         self.pending_consts: list = []  # (value id, host array) not yet in an arena
         self.node_site: dict = {}  # node -> user file:line (check_validity mode only)
         self.zero_consts: dict = {}  # akey -> value id of a zero constant (list padding)
+        self.scalar_consts: dict = {}  # number -> value id of its 0-d constant (operands)
         # execution state
         self.rows: dict = {}  # akey -> arena rows handed out so far
         self.host_values: dict = {}  # value id -> host copy, fetched in batches (dx.forward)
@@ -109,6 +114,17 @@ class ComputationGraph:
         if v is None:
             a = AKEY_AVAL[akey]
             v = self.zero_consts[akey] = self.add_constant(np.zeros(a.shape, a.dtype), akey)
+        return v
+
+    def scalar_constant(self, x: float) -> int:
+        """A 0-d constant for a number operand of ``+ - * /``, shared within the graph.
+
+        Data, not part of the signature: ``e * w`` for many values of ``w`` is one batch and
+        one kernel (as a static operand it was a batch and a compilation per value)."""
+        key = (x, math.copysign(1.0, x))  # 0.0 and -0.0 differ in what they add
+        v = self.scalar_consts.get(key)
+        if v is None:
+            v = self.scalar_consts[key] = self.add_constant(np.asarray(x, _FLOAT), _SCALAR)
         return v
 
     def add_node(self, op, kinds: str, args):
@@ -190,6 +206,7 @@ class ComputationGraph:
         del self.val_row[v:]
         del self.pending_consts[c:]
         self.zero_consts = {a: z for a, z in self.zero_consts.items() if z < v}
+        self.scalar_consts = {x: z for x, z in self.scalar_consts.items() if z < v}
         for k in [k for k in self.node_site if k >= n]:
             del self.node_site[k]
 

@@ -277,12 +277,34 @@ DIV = _binary("cdiv", jnp.divide)
 
 
 def _binop(op, a, b):
+    if type(a) is Expression and type(b) is Expression:  # the common case, first
+        return _node(op, "vv", (a, b))
     if not isinstance(a, Expression) and not isinstance(b, Expression):
         ka, _ = _kind(a, op.name)
         kb, _ = _kind(b, op.name)
         if ka == "s" and kb == "s":
             raise ArgumentTypeError(
                 f"{op.name}: at least one argument must be an Expression or Parameter")
+    if _is_number(a) or _is_number(b):
+        return _number_operand(op, a, b)
+    return _apply(op, a, b)
+
+
+def _is_number(x) -> bool:
+    t = type(x)
+    return t is float or t is int or (isinstance(x, numbers.Real) and t is not bool
+                                      and not isinstance(x, (np.ndarray, jax.Array)))
+
+
+@atomic  # a failed node leaves no constant behind
+def _number_operand(op, a, b):
+    """``op`` with a number operand given as a 0-d constant of the graph (data), so that
+    nodes differing only in the number share a signature (one batch, one compilation)."""
+    g = current_graph()
+    if _is_number(a):
+        a = Expression(g, g.scalar_constant(float(a)))
+    if _is_number(b):
+        b = Expression(g, g.scalar_constant(float(b)))
     return _apply(op, a, b)
 
 

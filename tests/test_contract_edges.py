@@ -552,3 +552,86 @@ def test_a_failed_backward_says_the_gradients_are_partial():
     assert any("partly accumulated" in n and "check_validity" in n for n in notes)
     # and it names the op whose backward failed, as the forward pass does
     assert any("backward pass" in n and "halvings' node" in n for n in notes)
+
+
+@pytest.mark.parametrize("strategy", ["none", "depth", "agenda"])
+@pytest.mark.parametrize("train", [True, False])
+def test_a_kernel_failing_at_run_time_spoils_only_its_graph(strategy, train):
+    """A kernel that fails while running (here a callback that raises) has already been
+    given the pooled arena it writes (donated): the next graph must get a fresh one, not
+    the deleted buffer (every later graph on the thread failed until release_memory)."""
+    def host_check(y):
+        if (np.asarray(y) > 100).any():
+            raise RuntimeError("out of range")
+        return np.asarray(y)
+
+    @dx.function
+    def checked(y):
+        return jax.pure_callback(host_check, jax.ShapeDtypeStruct(y.shape, y.dtype), y,
+                                 vmap_method="sequential")
+
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 4), name="W")
+    x = np.ones(4, np.float32)
+    dx.renew_cg(autobatch=strategy, train=train)
+    first = dx.sum_elems(dx.tanh(W @ dx.input(x)))
+    first.value()
+    with pytest.raises(Exception, match="out of range"):
+        checked(dx.input(np.full(3, 1000.0, np.float32))).value()
+    assert np.isfinite(first.value())  # read before: still reads
+    dx.renew_cg(autobatch=strategy, train=train)
+    loss = dx.sum_elems(dx.tanh(W @ dx.input(x)))
+    np.testing.assert_allclose(loss.value(), np.sum(np.tanh(np.asarray(W.value) @ x)),
+                               rtol=1e-6)
+    if train:
+        loss.backward()
+        want = jax.grad(lambda w: jnp.sum(jnp.tanh(w @ x)))(jnp.asarray(W.value))
+        np.testing.assert_allclose(W.grad, want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_interrupted_forward_stops_its_graph_and_the_next_one_runs(monkeypatch):
+    """Ctrl-C part-way through a forward pass (simulated: KeyboardInterrupt from the second
+    launch): the graph's rows are handed out part-way and some batches recorded, so it
+    refuses to compute more (a retry would record them twice, and backward count them
+    twice); a new graph computes the right values and gradients."""
+    from dynax.executor.engine import Engine
+
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((4, 4), name="W")
+    xs = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+
+    def build():
+        h = dx.input(np.zeros(4, np.float32))
+        for x in xs:  # a chain: one launch per step
+            h = dx.tanh(W @ h + dx.input(x))
+        return dx.sum_elems(h)
+
+    def ref(w):
+        h = jnp.zeros(4)
+        for x in xs:
+            h = jnp.tanh(w @ h + x)
+        return jnp.sum(h)
+
+    launch, calls = Engine._launch, []
+
+    def interrupted(self, g, run):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return launch(self, g, run)
+
+    dx.renew_cg(autobatch="none")
+    loss = build()
+    monkeypatch.setattr(Engine, "_launch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        loss.value()
+    monkeypatch.setattr(Engine, "_launch", launch)
+    with pytest.raises(RuntimeError, match="stopped part-way.*KeyboardInterrupt"):
+        loss.backward()
+    assert W._grad is None  # nothing accumulated
+    dx.renew_cg(autobatch="none")
+    loss = build()
+    loss.backward()
+    np.testing.assert_allclose(loss.value(), ref(jnp.asarray(W.value)), rtol=1e-6)
+    np.testing.assert_allclose(W.grad, jax.grad(ref)(jnp.asarray(W.value)), rtol=1e-5,
+                               atol=1e-6)

@@ -162,6 +162,27 @@ class Engine:
 
     # ---- forward ---------------------------------------------------------------------------------
     def forward(self, g):
+        """Compute the nodes of ``g`` not computed yet. If that fails or is interrupted
+        part-way (an error, Ctrl-C), ``g`` computes nothing more (its rows are handed out
+        part-way), and pooled arenas donated to a kernel that did not return are replaced
+        by fresh ones of the same capacity, so later graphs run."""
+        try:
+            self._forward(g)
+        except BaseException as e:
+            self._replace_lost_arenas()
+            if g.failed is None and g.computed < len(g.node_sig):
+                g.failed = f"its forward pass stopped part-way ({type(e).__name__})"
+            raise
+
+    def _replace_lost_arenas(self) -> None:
+        """Fresh zero arenas for the ones a failed or interrupted kernel took (donated
+        buffers are deleted when the call is dispatched), of the same capacity: kernels are
+        compiled per capacity."""
+        for a, arr in list(self.arenas.items()):
+            if arr.is_deleted():
+                self.arenas[a] = zeros(arr.shape, arr.dtype)
+
+    def _forward(self, g):
         t0 = time.perf_counter()
         g.val_row.extend([-1] * (len(g.val_node) - len(g.val_row)))
         lo, hi = g.computed, len(g.node_sig)

@@ -586,3 +586,54 @@ def test_parameters_as_builder_inputs(strategy):
     for a, b in zip(g1, g2):
         assert np.abs(a).sum() > 0
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_stale_state_is_named_and_adds_nothing():
+    """A state of a replaced graph, given a current input with dropout on: the error names
+    the builder's call and the state, and the graph is unchanged (the layer's dropout node
+    used to be left behind, and the error named the internal cell)."""
+    lstm = dx.nn.LSTMBuilder(1, IN, HID, dx.ParameterCollection(seed=0))
+    lstm.set_dropout(0.5)
+    dx.renew_cg()
+    old = lstm.initial_state()
+    cg = dx.renew_cg()
+    x = dx.input(_rand(IN))
+    before = cg.stats()["nodes"], len(cg.val_node)
+    with pytest.raises(dx.StaleExpressionError, match="LSTMBuilder.add_input: this state"):
+        old.add_input(x)
+    assert (cg.stats()["nodes"], len(cg.val_node)) == before
+
+
+def test_state_vectors_are_lists_as_in_dynet():
+    """``s.h() + [x]`` works as it does in DyNet (h() and s() return lists)."""
+    dx.renew_cg()
+    s = BUILDERS[dx.nn.LSTMBuilder].initial_state()
+    x = dx.zeros((HID,))
+    assert s.h() + [x] == [*s.h(), x] and isinstance(s.s(), list)
+
+
+def test_a_builder_without_a_collection_is_a_clear_error():
+    for make in (lambda: dx.nn.LSTMBuilder(1, IN, HID, None),
+                 lambda: dx.nn.TreeLSTMBuilder(IN, HID, None),
+                 lambda: dx.nn.StandardSoftmaxBuilder(HID, 3, None)):
+        with pytest.raises(TypeError, match="ParameterCollection, got NoneType"):
+            make()
+
+
+def test_class_factored_takes_a_mapping_and_labels_as_other_ops_do():
+    """``word_to_class`` as DyNet users write it, ``{word: class}``, means what the list
+    does (it was read as its keys: a wrong model, silently); labels are checked as
+    ``pickneglogsoftmax`` checks them: NumPy and 0-d integers in, bools and floats out."""
+    pc = dx.ParameterCollection(seed=0)
+    as_dict = dx.nn.ClassFactoredSoftmaxBuilder(HID, {0: 1, 1: 0, 2: 1}, pc)
+    assert as_dict.word_to_class == [1, 0, 1] and as_dict.class_sizes == [1, 2]
+    with pytest.raises(ValueError, match="keys must be the word ids 0..2; 1 is missing"):
+        dx.nn.ClassFactoredSoftmaxBuilder(HID, {0: 0, 2: 0, 3: 0}, pc)
+    dx.renew_cg()
+    h = dx.input(_rand(HID))
+    want = as_dict.neg_log_softmax(h, 2).scalar_value()
+    for label in (np.int64(2), np.array(2), jnp.int32(2)):
+        assert as_dict.neg_log_softmax(h, label).scalar_value() == pytest.approx(want)
+    for bad in (True, 1.0, "1"):
+        with pytest.raises(IndexError, match="label must be an integer"):
+            as_dict.neg_log_softmax(h, bad)

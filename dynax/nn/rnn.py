@@ -25,13 +25,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import InvalidArgumentError, ShapeError, StaleExpressionError
+from ..errors import ArgumentTypeError, InvalidArgumentError, ShapeError, StaleExpressionError
 from ..graph.appenders import append_node
 from ..graph.computation_graph import current_graph
 from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.function import function
-from .parameters import Parameter
+from .parameters import Parameter, ParameterCollection
 
 
 # ---- cells: one single-instance step each (one graph node per call) ----------------------------
@@ -62,6 +62,9 @@ def _gru_cell(x, h, Wx, Wh, b):
 
 def _fresh_subcollection(pc, base: str):
     """A subcollection named ``base`` (or ``base_1``, ``base_2``, ...) that holds nothing yet."""
+    if not isinstance(pc, ParameterCollection):
+        raise ArgumentTypeError(f"{base}: a builder's parameters need a dx.ParameterCollection, "
+                                f"got {type(pc).__name__}")
     name, i = base, 0
     while True:
         sub = pc.add_subcollection(name)
@@ -134,8 +137,13 @@ class RNNState:
 
     def _add_input(self, x) -> "RNNState":
         b = self.builder
+        who = type(b).__name__ + ".add_input"
+        if not self.layers[0][-1].g.alive:  # before any node is added (dropout's)
+            raise StaleExpressionError(f"{who}: this state belongs to a computation graph "
+                                       "replaced by dx.renew_cg(); start again from "
+                                       "initial_state() on the current graph")
         x = _as_expr(x)
-        _check_vector(type(b).__name__ + ".add_input", "input", x, b.input_dim)
+        _check_vector(who, "input", x, b.input_dim)
         new, inp = [], x
         for params, state in zip(b.params, self.layers):
             if b.dropout_rate > 0.0:
@@ -163,13 +171,13 @@ class RNNState:
         """The top layer's h."""
         return self.layers[-1][-1]
 
-    def h(self) -> tuple:
-        """h of every layer, bottom to top."""
-        return tuple(layer[-1] for layer in self.layers)
+    def h(self) -> list:
+        """h of every layer, bottom to top (a new list, as DyNet's)."""
+        return [layer[-1] for layer in self.layers]
 
-    def s(self) -> tuple:
+    def s(self) -> list:
         """All state vectors in DyNet's order (LSTM: ``c_1..c_L, h_1..h_L``; others: h)."""
-        return tuple(layer[k] for k in range(len(self.layers[0])) for layer in self.layers)
+        return [layer[k] for k in range(len(self.layers[0])) for layer in self.layers]
 
     def prev(self) -> "RNNState | None":
         """The state this one was made from (None for an initial state)."""
@@ -214,7 +222,11 @@ class _RNNBuilder:
         return self.pc
 
     def set_dropout(self, p: float) -> None:
-        """Apply ``dx.dropout(·, p)`` to the input of every layer from now on (0 disables)."""
+        """Apply ``dx.dropout(·, p)`` to the input of every layer from now on (0 disables).
+
+        Each step draws its own mask, and the recurrent h is not dropped; DyNet's LSTM
+        builders instead keep one mask per sequence and drop h too (Gal & Ghahramani's
+        variational dropout), so a ported model is regularised differently."""
         if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) \
                 or not 0.0 <= p < 1.0:
             raise InvalidArgumentError(

@@ -7,6 +7,8 @@ Labels are per-instance integers, so losses with different labels batch together
 from __future__ import annotations
 
 import numbers
+import operator
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -69,8 +71,9 @@ class ClassFactoredSoftmaxBuilder:
 
     Args:
       input_dim: size of ``h``.
-      word_to_class: class id of each word; ids must be ``0..C-1`` with no class empty. Within
-        a class, words are ordered by word id.
+      word_to_class: class id of each word: a sequence, or a mapping from every word id
+        ``0..V-1`` to its class; ids must be ``0..C-1`` with no class empty. Within a class,
+        words are ordered by word id.
       pc: the collection that gets a subcollection of this builder's parameters.
 
     ``p(class | h) = softmax(W_c h + b_c)``; for a class ``k`` of ``n_k > 1`` words,
@@ -82,7 +85,15 @@ class ClassFactoredSoftmaxBuilder:
     def __init__(self, input_dim: int, word_to_class, pc):
         _check_dims("ClassFactoredSoftmaxBuilder", input_dim=input_dim)
         who = "ClassFactoredSoftmaxBuilder"
-        w2c = list(word_to_class)
+        if isinstance(word_to_class, Mapping):  # {word: class}, as DyNet users write it
+            missing = sorted(set(range(len(word_to_class))) - set(word_to_class))
+            if missing:
+                raise InvalidArgumentError(
+                    f"{who}: word_to_class maps {len(word_to_class)} words, so its keys must "
+                    f"be the word ids 0..{len(word_to_class) - 1}; {missing[0]!r} is missing")
+            w2c = [word_to_class[w] for w in range(len(word_to_class))]
+        else:
+            w2c = list(word_to_class)
         if not w2c:
             raise InvalidArgumentError(f"{who}: word_to_class is empty")
         for w, c in enumerate(w2c):
@@ -133,10 +144,17 @@ class ClassFactoredSoftmaxBuilder:
 
     def neg_log_softmax(self, h, label: int) -> Expression:
         """``-log p(label | h) = -log p(class | h) - log p(label | class, h)`` (a scalar)."""
-        if not isinstance(label, numbers.Integral) or not 0 <= label < self.vocab_size:
+        who = "ClassFactoredSoftmaxBuilder.neg_log_softmax"
+        try:  # an int, a NumPy integer or 0-d int array, as the other ops take labels
+            if isinstance(label, (bool, np.bool_)):
+                raise TypeError
+            label = operator.index(label)
+        except TypeError:
+            raise IndexOutOfRangeError(f"{who}: label must be an integer, got "
+                                       f"{label!r}") from None
+        if not 0 <= label < self.vocab_size:
             raise IndexOutOfRangeError(
-                f"ClassFactoredSoftmaxBuilder.neg_log_softmax: label {label!r} out of range "
-                f"[0, {self.vocab_size})")
+                f"{who}: label {label!r} out of range [0, {self.vocab_size})")
         h = self._h(h)  # after the label check: a failure adds nothing to the graph
         k = self.word_to_class[label]
         loss = ops.pickneglogsoftmax(ops.affine_transform([self.bc, self.Wc, h]), k)

@@ -191,3 +191,19 @@ def test_gradient_arenas_are_reused_with_the_written_rows_cleared(monkeypatch):
                                    err_msg=name)
     dx.release_memory()
     assert _engine().spare_grads == {}
+
+
+def test_a_large_arena_grows_in_smaller_steps(monkeypatch):
+    """Past GROW_FAST_BYTES an arena grows 2x, not 4x, at a time (with its headroom): a
+    chain of 103 values of 1 MiB took a 1 GiB arena, and a gradient arena as large, where
+    512 MiB holds it (here at a 1 MiB threshold, to stay small)."""
+    from dynax.ops.registry import akey_of
+    monkeypatch.setattr(engine_module, "GROW_FAST_BYTES", 1 << 20)
+    eng = engine_module.Engine()
+    akey = akey_of((128,), np.float32)  # 512-byte rows: a new arena starts at 2,048 rows
+    eng._grow(akey, 3000)
+    assert eng.arenas[akey].shape[0] == 4096  # 2,048 x 2 >= 3,000 x 1.25 (4x: 8,192)
+    monkeypatch.setattr(engine_module, "GROW_FAST_BYTES", 64 << 20)
+    eng = engine_module.Engine()
+    eng._grow(akey, 3000)
+    assert eng.arenas[akey].shape[0] == 8192  # small arenas: 4x steps, fewer recompiles

@@ -30,6 +30,7 @@ from .kernels import GATHER, UNIFORM, backward_kernel, backward_run_kernel, clea
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
 ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)
 GROW_HEADROOM = 1.25  # a grown arena holds this many times what was asked (see _grow)
+GROW_FAST_BYTES = 64 << 20  # arenas smaller than this grow 4x at a time, larger ones 2x
 UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
 FUSE_RUNS = True  # consecutive batches of one kernel run as one lax.scan (see _launch)
 FUSE_MIN_RUN = 2  # batches in a run, at the least, to fuse it
@@ -142,12 +143,18 @@ class Engine:
         # than this one, fit: the tagger's first graph used 7,530 of 8,192 rows, its second
         # needed more, and the kernels compiled in the first update compiled again (measured
         # over 8 warm-up updates: 156 -> 112 compilations, 68 -> 45 s, with the headroom).
+        # Past GROW_FAST_BYTES, 2x steps: memory over compilations (a chain of 103 values
+        # of 1 MiB jumped from a 256 MiB arena to 1 GiB, and its gradient arena with it).
         old = self.arenas.get(akey)
         row_bytes = max(1, AKEY_SIZE[akey] * AKEY_AVAL[akey].dtype.itemsize)
-        cap = old.shape[0] * 4 if old is not None else max(MIN_ROWS, _pow2(ARENA_START_BYTES
-                                                                           // row_bytes))
+
+        def grown(rows):
+            return rows * (4 if rows * row_bytes < GROW_FAST_BYTES else 2)
+
+        cap = grown(old.shape[0]) if old is not None else max(
+            MIN_ROWS, _pow2(ARENA_START_BYTES // row_bytes))
         while cap < need * GROW_HEADROOM:
-            cap *= 4
+            cap = grown(cap)
         aval = AKEY_AVAL[akey]
         new = jnp.zeros((cap,) + tuple(aval.shape), aval.dtype, device=get_device())
         if old is not None:

@@ -234,6 +234,16 @@ class ComputationGraph:
 
     # ---- computation -------------------------------------------------------------------
 
+    def retire(self) -> None:
+        """Replaced by a new graph: its expressions raise from now on, so what only they
+        could use (the batches' saved residuals, host copies of values) is let go, also
+        while the user still holds them (a list of losses instead of their values)."""
+        self.alive = False
+        self.batches = []
+        self.host_values = {}
+        self.pending_reads = {}
+        self.pending_consts = []
+
     def check_alive(self, what: str = "expression"):
         if not self.alive:
             raise StaleExpressionError(
@@ -339,7 +349,7 @@ def renew_cg(autobatch: str = "agenda", train: bool = True, seed: int | None = N
     cg = ComputationGraph(autobatch, train, seed, check_validity)  # checks: raises first
     old = getattr(_local, "cg", None)
     if old is not None:
-        old.alive = False
+        old.retire()
     _local.cg = cg
     return cg
 

@@ -81,6 +81,11 @@ class Function:
         if kinds is None:
             kinds = _fast_kinds(types)
             if kinds is None:
+                from ..nn.parameters import Parameter
+                if not any(t is Expression or issubclass(t, Parameter) for t in types):
+                    # no graph argument (JAX arrays: a call inside a traced dx.function):
+                    # straight to fn, one frame per level of a recursion
+                    return self.fn(*args)
                 return self._call_general(args)
             _KINDS[types] = kinds
             _INT_POSITIONS[kinds] = tuple(i for i, k in enumerate(kinds) if k == "i")

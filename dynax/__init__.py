@@ -7,8 +7,8 @@ run together, ``executor`` runs each batch as one cached, jitted, vmapped XLA ke
 from . import nn
 from .device import get_device, set_compilation_cache, set_cpu_threads, set_device
 from .errors import (ArgumentTypeError, DTypeError, DynaxError, IndexOutOfRangeError,
-                     InvalidArgumentError, NonScalarBackwardError, ShapeError,
-                     StaleExpressionError)
+                     InvalidArgumentError, NonFiniteValueError, NonScalarBackwardError,
+                     ShapeError, StaleExpressionError)
 from .graph import ComputationGraph, Expression, current_graph, renew_cg
 from .nn import (AdagradTrainer, AdamTrainer, LookupParameter, MomentumSGDTrainer, Parameter,
                  ParameterCollection, RMSPropTrainer, SimpleSGDTrainer, Trainer, load, save)

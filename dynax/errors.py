@@ -45,3 +45,8 @@ class InvalidArgumentError(_AtUserSite, DynaxError, ValueError):
 class ArgumentTypeError(_AtUserSite, DynaxError, TypeError, ValueError):
     """An argument has a type the operation does not accept (a ``TypeError``, and a
     ``ValueError`` like every other construction error)."""
+
+
+class NonFiniteValueError(DynaxError, FloatingPointError):
+    """A value or gradient computed by the graph is NaN or infinite
+    (``dx.renew_cg(check_validity=True)``)."""

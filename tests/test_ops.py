@@ -687,3 +687,17 @@ def test_number_operands_are_data_not_signature(strategy):
             assert cg.stats()["batches"] <= 12
         if seed == 2:  # the same graph shape with new numbers: nothing new to compile
             assert cg.stats()["compiles"] == 0
+
+
+def test_bfloat16_data_is_taken_as_float32():
+    """bfloat16 arrays (JAX's own low-precision type) are real numbers: inputs, initial
+    values and set_value take them, converted to float32, as float16 ones are."""
+    x = jnp.asarray([1.5, -2.0, 0.25], jnp.bfloat16)
+    dx.renew_cg()
+    np.testing.assert_array_equal(dx.input(x).npvalue(), [1.5, -2.0, 0.25])
+    pc = dx.ParameterCollection(seed=0)
+    p = pc.add_parameters((3,), init=np.asarray(x))
+    np.testing.assert_array_equal(p.value, [1.5, -2.0, 0.25])
+    p.set_value(x * 2)
+    assert p.value.dtype == jnp.float32
+    np.testing.assert_array_equal(p.value, [3.0, -4.0, 0.5])

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import dynax as dx
-from dynax.executor.validity import NonFiniteValueError
+NonFiniteValueError = dx.NonFiniteValueError  # exported by name
 
 
 @pytest.mark.parametrize("strategy", ["none", "agenda"])

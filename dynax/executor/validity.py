@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DynaxError
-
-class NonFiniteValueError(DynaxError, FloatingPointError):
-    """A value or gradient computed by the graph is NaN or infinite."""
+from ..errors import NonFiniteValueError
 
 
 def _first_bad(block: np.ndarray, n: int):

@@ -27,7 +27,7 @@ def _real_array(value, what: str) -> np.ndarray:
     except (TypeError, ValueError) as e:
         raise InvalidArgumentError(f"{what}: cannot make an array of "
                                    f"{type(value).__name__} ({e})") from None
-    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+    if not (jnp.issubdtype(arr.dtype, jnp.floating) or np.issubdtype(arr.dtype, np.integer)
             or arr.dtype == np.bool_):
         raise InvalidArgumentError(f"{what}: expected real numbers, got dtype {arr.dtype} "
                                    f"(shape {arr.shape})")

@@ -178,7 +178,7 @@ def input(value) -> Expression:  # noqa: A001  (DyNet's name)
     except (TypeError, ValueError) as e:  # ragged lists, Expressions inside a list, ...
         raise DTypeError(f"input: cannot make an array of {type(value).__name__} ({e})"
                          ) from None
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating)
+    if arr.dtype == object or not (jnp.issubdtype(arr.dtype, jnp.floating)
                                    or np.issubdtype(arr.dtype, np.integer)
                                    or arr.dtype == np.bool_):
         raise DTypeError(f"input: unsupported dtype {arr.dtype} (shape {arr.shape}); "

@@ -243,21 +243,14 @@ class Engine:
         part-way, so nothing more can run on it. A training forward that fails where a
         values-only one runs (a callback without a JVP rule) runs values-only instead."""
         sig = run[0][0]
-        n_kernels, n_batches, n_launches = len(sig.kernels), len(g.batches), g.n_launches
+        before = len(sig.kernels), len(g.batches), g.n_launches
         try:
             self._launch(g, run)
         except Exception as e:
             nodes = run[0][5]
-            # kernels made by this launch (cached in insertion order) may be what failed to
-            # trace or compile: none stays cached, or later graphs would reuse it (an
-            # evaluation reuses a training kernel)
-            for key in list(sig.kernels)[n_kernels:]:
-                del sig.kernels[key]
-            if run[0][3] is not None:  # it saved residuals: try without
-                del g.batches[n_batches:]
-                g.n_launches = n_launches
-                if self._launch_values_only(g, run):
-                    return
+            _undo_launch(g, sig, *before)
+            if run[0][3] is not None and self._launch_values_only(g, run):
+                return  # it failed saving residuals, and runs without
             what = (f"a batch of {sum(len(s[5]) for s in run)} '{sig.op.name}' node(s) (the "
                     f"first built as node {nodes[0]})")
             first_line = str(e).splitlines()[0] if str(e) else ""
@@ -267,17 +260,14 @@ class Engine:
 
     def _launch_values_only(self, g, run) -> bool:
         """Launch ``run`` without vjp residuals; whether it ran. If it did, the signature
-        runs so from now on; its backward, if a loss needs it, recomputes them and fails
-        there, naming the op (``_backward_batches``)."""
+        runs so from now on, and a backward that needs it is refused before any kernel
+        runs (``_check_backward_possible``)."""
         sig = run[0][0]
-        n_kernels, n_batches, n_launches = len(sig.kernels), len(g.batches), g.n_launches
+        before = len(sig.kernels), len(g.batches), g.n_launches
         try:
             self._launch(g, [(*step[:3], None, *step[4:]) for step in run])
         except Exception:
-            for key in list(sig.kernels)[n_kernels:]:
-                del sig.kernels[key]
-            del g.batches[n_batches:]
-            g.n_launches = n_launches
+            _undo_launch(g, sig, *before)
             return False
         sig.values_only = True
         return True
@@ -594,6 +584,16 @@ class Engine:
                 spare = zeros(arena.shape, arena.dtype)
             grads[a] = spare
         return grads
+
+
+def _undo_launch(g, sig, n_kernels: int, n_batches: int, n_launches: int) -> None:
+    """Forget a failed launch: the kernels it made (cached in insertion order; one may be
+    what failed to trace or compile, and later graphs would reuse it: an evaluation reuses
+    a training kernel) and the batches it recorded."""
+    for key in list(sig.kernels)[n_kernels:]:
+        del sig.kernels[key]
+    del g.batches[n_batches:]
+    g.n_launches = n_launches
 
 
 def _check_backward_possible(g, loss_node: int, live) -> None:

@@ -92,14 +92,22 @@ def set_compilation_cache(path) -> str:
     the cache at its first compilation after a directory is set, and keeps it.
 
     Returns:
-      the absolute path of the cache directory (created on first use).
+      the absolute path of the cache directory (created here if it does not exist).
     Raises:
-      ValueError: ``path`` is not a path.
+      ValueError: ``path`` is not a path, or not a directory that can be created and
+        written (JAX would only warn at its first compilation, and cache nothing).
       RuntimeError: JAX already opened a cache in another directory in this process.
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ValueError(f"set_compilation_cache: expected a directory path, got {path!r}")
     path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"set_compilation_cache: cannot create the directory {path!r} "
+                         f"({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"set_compilation_cache: cannot write to the directory {path!r}")
     current = jax.config.jax_compilation_cache_dir
     if _cache_opened() and current and os.path.abspath(current) != path:
         raise RuntimeError(

@@ -17,22 +17,42 @@ def run_parser(doc: str, *, budget_covers: str, quick_is: str, train_size: int =
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--budget", type=float, default=80.0,
                     help=f"seconds for the whole run, {budget_covers} included")
-    ap.add_argument("--updates", type=int, default=0,
+    ap.add_argument("--updates", type=count, default=0,
                     help="train for exactly this many updates instead (0: use the budget)")
-    ap.add_argument("--min-updates", type=int, default=40,
+    ap.add_argument("--min-updates", type=count, default=40,
                     help="train at least this long even if the budget is spent (slow machine)")
     ap.add_argument("--quick", action="store_true",
                     help=f"smoke test: the QUICK settings ({quick_is})")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--train-size", type=int, default=train_size)
-    ap.add_argument("--test-size", type=int, default=test_size)
+    ap.add_argument("--train-size", type=positive_int, default=train_size)
+    ap.add_argument("--test-size", type=positive_int, default=test_size)
     add_device_flags(ap)
     return ap
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (a size, a dimension)."""
+    return _int_at_least(text, 1)
+
+
+def count(text: str) -> int:
+    """argparse type: an integer of at least 0 (a number of things; 0: none)."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if n < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {n}")
+    return n
+
+
 def add_device_flags(ap: argparse.ArgumentParser) -> None:
     """``--cpu-threads N`` and ``--compilation-cache DIR``, for ``apply_device_flags``."""
-    ap.add_argument("--cpu-threads", type=int, default=None,
+    ap.add_argument("--cpu-threads", type=positive_int, default=None,
                     help="XLA:CPU threads per kernel (dx.set_cpu_threads; default: one per core)")
     ap.add_argument("--compilation-cache", metavar="DIR", default=None,
                     help="keep compiled kernels in DIR, so that a later run loads them "
@@ -56,14 +76,32 @@ def parse_run_args(ap: argparse.ArgumentParser, argv, quick: dict) -> argparse.N
     args = ap.parse_args(argv)
     apply_device_flags(ap, args)
     if args.quick:
-        defaults = vars(ap.parse_args([]))
-        given = {k for k, v in vars(args).items() if v != defaults[k]}
-        vars(args).update({k: v for k, v in quick.items() if k not in given})
+        apply_quick(ap, args, quick)
+    check_batch(ap, args)
     return args
+
+
+def apply_quick(ap: argparse.ArgumentParser, args: argparse.Namespace, quick: dict) -> None:
+    """``quick``'s settings for every flag not given on the command line."""
+    defaults = vars(ap.parse_args([]))
+    given = {k for k, v in vars(args).items() if v != defaults[k]}
+    vars(args).update({k: v for k, v in quick.items() if k not in given})
+
+
+def check_batch(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """An argparse error unless the training set holds at least one minibatch."""
+    if args.train_size < args.batch:
+        ap.error(f"--train-size ({args.train_size}) must be at least --batch ({args.batch})")
 
 
 def minibatches(data, size: int, rng: np.random.Generator):
     """Endless shuffled minibatches (a new permutation each epoch)."""
+    if not 0 < size <= len(data):  # else no minibatch, ever: the loop would wait forever
+        raise ValueError(f"minibatches of {size} from {len(data)} examples")
+    return _endless_minibatches(data, size, rng)
+
+
+def _endless_minibatches(data, size, rng):
     while True:
         order = rng.permutation(len(data))
         for start in range(0, len(order) - size + 1, size):

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dynax as dx
-from _training import minibatches, parse_run_args, run_parser, train_loop
+from _training import count, minibatches, parse_run_args, positive_int, run_parser, train_loop
 
 # ============================================================================================
 # Data: a head-driven generator of projective dependency trees.
@@ -381,12 +381,12 @@ def compare_speed(model, sentences, max_warmup: int = 3) -> dict:
 def parse_args(argv=None):
     ap = run_parser(__doc__, budget_covers="compilation and evaluation",
                     quick_is="4 sentences, 10 updates, tiny model", train_size=4000)
-    ap.add_argument("--dim", type=int, default=32, help="word embedding size")
-    ap.add_argument("--hidden", type=int, default=64, help="BiLSTM output size (both directions)")
-    ap.add_argument("--mlp", type=int, default=64, help="MLP hidden size")
-    ap.add_argument("--batch", type=int, default=32, help="sentences per update")
+    ap.add_argument("--dim", type=positive_int, default=32, help="word embedding size")
+    ap.add_argument("--hidden", type=positive_int, default=64, help="BiLSTM output size (both directions)")
+    ap.add_argument("--mlp", type=positive_int, default=64, help="MLP hidden size")
+    ap.add_argument("--batch", type=positive_int, default=32, help="sentences per update")
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--speed-sentences", type=int, default=32,
+    ap.add_argument("--speed-sentences", type=count, default=32,
                     help="sentences decoded for the none-vs-agenda comparison (0: skip)")
     return parse_run_args(ap, argv, QUICK)
 

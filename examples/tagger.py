@@ -38,7 +38,8 @@ import time
 import numpy as np
 
 import dynax as dx
-from _training import compare_speed, minibatches, parse_run_args, run_parser, train_loop
+from _training import (compare_speed, count, minibatches, parse_run_args, positive_int,
+                       run_parser, train_loop)
 
 # ============================================================================================
 # Data: a tagged lexicon, a small grammar and a seeded sentence generator.
@@ -220,11 +221,11 @@ def evaluate(model, data, chunk: int = 32) -> dict:
 def parse_args(argv=None):
     ap = run_parser(__doc__, budget_covers="compilation and evaluation",
                     quick_is="4 sentences, 12 updates, tiny model", train_size=4000)
-    ap.add_argument("--dim", type=int, default=32, help="word embedding size")
-    ap.add_argument("--hidden", type=int, default=64, help="BiLSTM output size (both directions)")
-    ap.add_argument("--batch", type=int, default=32, help="sentences per update")
+    ap.add_argument("--dim", type=positive_int, default=32, help="word embedding size")
+    ap.add_argument("--hidden", type=positive_int, default=64, help="BiLSTM output size (both directions)")
+    ap.add_argument("--batch", type=positive_int, default=32, help="sentences per update")
     ap.add_argument("--lr", type=float, default=5e-3)
-    ap.add_argument("--speed-batches", type=int, default=1,
+    ap.add_argument("--speed-batches", type=count, default=1,
                     help="minibatches timed for the none-vs-agenda comparison (0: skip)")
     return parse_run_args(ap, argv, QUICK)
 

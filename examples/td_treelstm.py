@@ -54,7 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import dynax as dx
-from _training import compare_speed, minibatches, parse_run_args, run_parser, train_loop
+from _training import (compare_speed, count, minibatches, parse_run_args, positive_int,
+                       run_parser, train_loop)
 
 # ============================================================================================
 # Data: a probabilistic grammar of labelled trees, its sampler, scorer and recogniser.
@@ -319,18 +320,18 @@ def sample_report(model, n: int, seed: int, chunk: int = 32, **caps):
 def parse_args(argv=None):
     ap = run_parser(__doc__, budget_covers="compilation, evaluation and sampling",
                     quick_is="4 small trees, 10 updates, tiny model", train_size=4000)
-    ap.add_argument("--max-depth", type=int, default=6,
+    ap.add_argument("--max-depth", type=positive_int, default=6,
                     help="generator: no recursive rule below this depth")
-    ap.add_argument("--dim", type=int, default=16, help="label embedding size")
-    ap.add_argument("--hidden", type=int, default=48, help="LSTM sizes")
-    ap.add_argument("--batch", type=int, default=16, help="trees per update")
+    ap.add_argument("--dim", type=positive_int, default=16, help="label embedding size")
+    ap.add_argument("--hidden", type=positive_int, default=48, help="LSTM sizes")
+    ap.add_argument("--batch", type=positive_int, default=16, help="trees per update")
     ap.add_argument("--lr", type=float, default=1e-2)
-    ap.add_argument("--samples", type=int, default=64, help="trees sampled before and after")
-    ap.add_argument("--gen-max-nodes", type=int, default=60,
+    ap.add_argument("--samples", type=count, default=64, help="trees sampled before and after")
+    ap.add_argument("--gen-max-nodes", type=positive_int, default=60,
                     help="generation: STOP is forced once a tree has this many nodes")
-    ap.add_argument("--gen-max-depth", type=int, default=12,
+    ap.add_argument("--gen-max-depth", type=positive_int, default=12,
                     help="generation: STOP is forced at this depth")
-    ap.add_argument("--speed-batches", type=int, default=1,
+    ap.add_argument("--speed-batches", type=count, default=1,
                     help="minibatches timed for the none-vs-agenda comparison (0: skip)")
     return parse_run_args(ap, argv, QUICK)
 

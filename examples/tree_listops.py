@@ -48,7 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import dynax as dx
-from _training import add_device_flags, apply_device_flags
+from _training import (add_device_flags, apply_device_flags, apply_quick, check_batch,
+                       minibatches, positive_int)
 
 # ============================================================================================
 # Data: the ListOps grammar, a seeded generator, an evaluator and a binariser.
@@ -242,14 +243,6 @@ def accuracy(model, data) -> float:
     return float(np.mean(predictions == np.array([label for _, label, _ in data])))
 
 
-def minibatches(data, size: int, rng: np.random.Generator):
-    """Endless shuffled minibatches (a new permutation each epoch)."""
-    while True:
-        order = rng.permutation(len(data))
-        for start in range(0, len(order) - size + 1, size):
-            yield [data[i] for i in order[start:start + size]]
-
-
 def compare_speed(model, trainer, batches, max_warmup: int = 4) -> tuple[dict, int]:
     """Trees/s of full training steps, autobatch "none" vs "agenda", on the same minibatches.
 
@@ -279,30 +272,32 @@ def parse_args(argv=None):
     ap.add_argument("--seconds", type=float, default=50.0, help="training time budget")
     ap.add_argument("--quick", action="store_true", help="a few updates only (smoke test)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--train-size", type=int, default=20000)
-    ap.add_argument("--test-size", type=int, default=1000)
-    ap.add_argument("--max-depth", type=int, default=3)
-    ap.add_argument("--max-args", type=int, default=5)
-    ap.add_argument("--dim", type=int, default=32, help="token embedding size")
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--train-size", type=positive_int, default=20000)
+    ap.add_argument("--test-size", type=positive_int, default=1000)
+    ap.add_argument("--max-depth", type=positive_int, default=3)
+    ap.add_argument("--max-args", type=positive_int, default=5)
+    ap.add_argument("--dim", type=positive_int, default=32, help="token embedding size")
+    ap.add_argument("--hidden", type=positive_int, default=64)
+    ap.add_argument("--batch", type=positive_int, default=32)
     ap.add_argument("--lr", type=float, default=5e-3)
-    ap.add_argument("--log-every", type=int, default=25, help="updates between progress lines")
-    ap.add_argument("--speed-batches", type=int, default=2,
+    ap.add_argument("--log-every", type=positive_int, default=25, help="updates between progress lines")
+    ap.add_argument("--speed-batches", type=positive_int, default=2,
                     help="minibatches timed for the none-vs-agenda comparison")
     add_device_flags(ap)
     args = ap.parse_args(argv)
     apply_device_flags(ap, args)
+    if args.quick:  # small, shallow trees and small batches: few kernels to compile
+        apply_quick(ap, args, QUICK)
+    check_batch(ap, args)
     return args
+
+
+QUICK = dict(train_size=128, test_size=32, batch=8, max_depth=2, max_args=3, log_every=2,
+             speed_batches=1)  # --quick's settings, for the flags not given
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.quick:
-        # small, shallow trees and small batches: few distinct kernels to compile
-        args.train_size, args.test_size, args.batch = 128, 32, 8
-        args.max_depth, args.max_args = 2, 3
-        args.log_every, args.speed_batches = 2, 1
     max_updates = 4 if args.quick else None
 
     # ---- data -------------------------------------------------------------------------------

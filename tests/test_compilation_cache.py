@@ -62,3 +62,15 @@ def test_second_process_loads_instead_of_compiling(tmp_path):
 def test_bad_paths_are_rejected(bad):
     with pytest.raises(ValueError, match="set_compilation_cache"):
         dx.set_compilation_cache(bad)
+
+
+def test_a_directory_that_cannot_be_made_is_rejected_at_once(tmp_path):
+    """JAX itself only warns at its first compilation and caches nothing; the setter says
+    so where it is called, and leaves the setting as it was."""
+    import jax
+    before = jax.config.jax_compilation_cache_dir
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match="cannot create the directory"):
+        dx.set_compilation_cache(blocker / "cache")
+    assert jax.config.jax_compilation_cache_dir == before

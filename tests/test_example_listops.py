@@ -100,3 +100,16 @@ def test_quick_run(listops, capsys):
                  "autobatch='agenda'", "trees/s"):
         assert text in out
     assert elapsed < 120, f"quick mode took {elapsed:.0f}s"
+
+
+def test_quick_keeps_the_flags_given_and_sizes_are_checked(listops, capsys):
+    """``--quick`` fills in the flags not given (it used to override --batch and the
+    rest), and bad sizes are argparse errors, as in the other examples."""
+    args = listops.parse_args(["--quick", "--batch", "3"])
+    assert args.batch == 3 and args.train_size == 128
+    for argv, message in ((["--batch", "-1"], "--batch: must be at least 1"),
+                          (["--train-size", "16"], "--train-size (16) must be at least "
+                                                   "--batch (32)")):
+        with pytest.raises(SystemExit):
+            listops.parse_args(argv)
+        assert message in capsys.readouterr().err

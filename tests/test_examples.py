@@ -232,3 +232,18 @@ def test_compilation_cache_flag_rejects_a_bad_path(tagger, capsys):
     with pytest.raises(SystemExit):
         tagger.main(["--quick", "--compilation-cache", ""])
     assert "set_compilation_cache" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--batch", "0"], "--batch: must be at least 1, got 0"),
+    (["--updates", "-3"], "--updates: must be at least 0, got -3"),
+    (["--dim", "x"], "--dim: expected an integer, got 'x'"),
+    (["--quick", "--train-size", "3"], "--train-size (3) must be at least --batch (4)")])
+def test_bad_sizes_are_argparse_errors(tagger, capsys, argv, message):
+    """Sizes are checked where they are given: a size of 0 crashed deep in the run, and a
+    training set smaller than one minibatch made the endless minibatches loop forever."""
+    with pytest.raises(SystemExit):
+        tagger.parse_args(argv)
+    assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="minibatches of 4 from 3 examples"):
+        tagger.minibatches([1, 2, 3], 4, np.random.default_rng(0))

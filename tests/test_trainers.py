@@ -510,3 +510,15 @@ def test_restart_forgets_the_optimizer_state_as_in_dynet():
                            lambda p, rows: ref_loss(p["E"], p["W"], rows))
     np.testing.assert_allclose(E.value, want["E"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(W.value, want["W"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["adam", None, 0.1, optax.adam])
+def test_a_trainer_refuses_what_is_not_an_optax_transform(bad):
+    """At construction, naming what was given (the first update used to fail with an
+    AttributeError); an uncalled factory such as ``optax.adam`` gets a hint."""
+    pc, E, W = build()
+    with pytest.raises(TypeError, match="tx must be an Optax gradient transformation"):
+        dx.Trainer(pc, bad)
+    if bad is optax.adam:
+        with pytest.raises(TypeError, match=r"call it: optax.adam\(1e-3\)"):
+            dx.Trainer(pc, bad)

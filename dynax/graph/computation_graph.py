@@ -100,6 +100,7 @@ class ComputationGraph:
     # ---- construction ------------------------------------------------------------------
 
     def add_constant(self, array: np.ndarray, akey: int) -> int:
+        """A constant value (no node; loaded into its arena with the next forward pass)."""
         v = len(self.val_node)
         self.val_node.append(-1)
         self.val_akey.append(akey)
@@ -245,6 +246,7 @@ class ComputationGraph:
         self.pending_consts = []
 
     def check_alive(self, what: str = "expression"):
+        """Raise ``StaleExpressionError`` if ``dx.renew_cg`` has replaced this graph."""
         if not self.alive:
             raise StaleExpressionError(
                 f"{what} belongs to a computation graph replaced by dx.renew_cg(); "
@@ -267,6 +269,8 @@ class ComputationGraph:
 
     @_counting_compiles
     def backward(self, value_id: int):
+        """Accumulate d(value)/d(parameter) into every parameter it depends on
+        (``Expression.backward`` checks first that the value has one element)."""
         self.check_alive()
         self.forward_to(value_id)
         t = time.perf_counter()
@@ -276,6 +280,7 @@ class ComputationGraph:
         self._mark = end
 
     def read(self, value_id: int) -> np.ndarray:
+        """A value on the host (computed first if pending)."""
         self.check_alive()
         if value_id in self.host_values:  # already on the host (even if the graph failed since)
             return self.host_values[value_id]

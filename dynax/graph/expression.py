@@ -24,10 +24,12 @@ class Expression(Operators):
     # ---- static facts ---------------------------------------------------------------------
     @property
     def shape(self) -> tuple:
+        """The value's shape (known at construction)."""
         return AKEY_AVAL[self.g.val_akey[self.v]].shape
 
     @property
     def dtype(self):
+        """The value's dtype (float32)."""
         return AKEY_AVAL[self.g.val_akey[self.v]].dtype
 
     def dim(self) -> tuple:

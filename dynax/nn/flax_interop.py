@@ -197,9 +197,11 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
       the module). Blocks of equal linen modules share their compiled kernels.
 
     Raises:
-      ValueError: the module fails on the example input (e.g. an example given with a batch
-        dimension), or has non-float parameters or outputs. Calling the block with inputs of
-        other shapes than the example's raises ``dx.ShapeError`` (a ``ValueError``).
+      ValueError: the module fails on the example input, or has non-float parameters or
+        outputs. Calling the block with inputs of other shapes than the example's raises
+        ``dx.ShapeError`` (a ``ValueError``). An example with a batch dimension is not
+        detected where the module accepts any leading shape (``nn.Dense``): the block then
+        takes a whole batch as one instance, so give ONE example.
 
     Example (``examples/flax_block.py`` trains one on variable-size bags of points)::
 

@@ -165,6 +165,7 @@ class LookupParameter(Parameter):
             self.touched = ALL_ROWS
 
     def zero_grad(self):
+        """Forget the accumulated gradient and the rows it touched."""
         super().zero_grad()
         self.touched = set()
 

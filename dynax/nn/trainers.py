@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from ..device import get_device, zeros
+from ..errors import ArgumentTypeError
 from ..executor.buckets import bucket
 from ..graph.computation_graph import compiles_count_for_current_graph
 from .parameters import LookupParameter
@@ -61,6 +62,10 @@ class Trainer:
 
     def __init__(self, pc, tx: optax.GradientTransformation,
                  sparse_updates: bool | None = None, clip_threshold: float | None = None):
+        if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
+            hint = " (call it: optax.adam(1e-3))" if callable(tx) else ""
+            raise ArgumentTypeError(f"{type(self).__name__}: tx must be an Optax gradient "
+                                    f"transformation, got {tx!r}{hint}")
         self.pc = pc
         self.tx = tx
         self.sparse_updates = self.sparse_is_exact if sparse_updates is None \

@@ -278,7 +278,7 @@ def parse_args(argv=None):
     ap.add_argument("--hidden", type=positive_int, default=64, help="LSTM size")
     ap.add_argument("--batch", type=positive_int, default=32, help="sentences per update")
     ap.add_argument("--lr", type=float, default=5e-3)
-    ap.add_argument("--samples", type=count, default=32, help="sentences sampled at the end")
+    ap.add_argument("--samples", type=positive_int, default=32, help="sentences sampled at the end")
     ap.add_argument("--speed-batches", type=count, default=1,
                     help="minibatches timed for the none-vs-agenda comparison (0: skip)")
     return parse_run_args(ap, argv, QUICK)

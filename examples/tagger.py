@@ -222,7 +222,8 @@ def parse_args(argv=None):
     ap = run_parser(__doc__, budget_covers="compilation and evaluation",
                     quick_is="4 sentences, 12 updates, tiny model", train_size=4000)
     ap.add_argument("--dim", type=positive_int, default=32, help="word embedding size")
-    ap.add_argument("--hidden", type=positive_int, default=64, help="BiLSTM output size (both directions)")
+    ap.add_argument("--hidden", type=positive_int, default=64,
+                    help="BiLSTM output size (both directions)")
     ap.add_argument("--batch", type=positive_int, default=32, help="sentences per update")
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--speed-batches", type=count, default=1,

@@ -326,7 +326,7 @@ def parse_args(argv=None):
     ap.add_argument("--hidden", type=positive_int, default=48, help="LSTM sizes")
     ap.add_argument("--batch", type=positive_int, default=16, help="trees per update")
     ap.add_argument("--lr", type=float, default=1e-2)
-    ap.add_argument("--samples", type=count, default=64, help="trees sampled before and after")
+    ap.add_argument("--samples", type=positive_int, default=64, help="trees sampled before and after")
     ap.add_argument("--gen-max-nodes", type=positive_int, default=60,
                     help="generation: STOP is forced once a tree has this many nodes")
     ap.add_argument("--gen-max-depth", type=positive_int, default=12,

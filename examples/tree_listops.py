@@ -280,7 +280,8 @@ def parse_args(argv=None):
     ap.add_argument("--hidden", type=positive_int, default=64)
     ap.add_argument("--batch", type=positive_int, default=32)
     ap.add_argument("--lr", type=float, default=5e-3)
-    ap.add_argument("--log-every", type=positive_int, default=25, help="updates between progress lines")
+    ap.add_argument("--log-every", type=positive_int, default=25,
+                    help="updates between progress lines")
     ap.add_argument("--speed-batches", type=positive_int, default=2,
                     help="minibatches timed for the none-vs-agenda comparison")
     add_device_flags(ap)

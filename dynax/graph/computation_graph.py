@@ -219,9 +219,7 @@ class ComputationGraph:
         checked = []
         for i, (x, hi) in enumerate(zip(ints, sig.bounds)):
             try:
-                if isinstance(x, (bool, np.bool_)):  # an int to Python, never an index here
-                    raise TypeError
-                x = operator.index(x)
+                x = as_index(x)
             except TypeError:
                 raise IndexOutOfRangeError(
                     f"{sig.op.name}: index must be an integer, got {ints[i]!r} "
@@ -340,6 +338,14 @@ def _stale(expr, opname):
 
 
 # ---- the current graph (one per thread) ----------------------------------------------------
+
+def as_index(x) -> int:
+    """``x`` as an int index (a Python or NumPy integer, a 0-d integer array); TypeError
+    for anything else, bools included (an int to Python, never an index here)."""
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError
+    return operator.index(x)
+
 
 def renew_cg(autobatch: str = "agenda", train: bool = True, seed: int | None = None,
              check_validity: bool = False) -> ComputationGraph:

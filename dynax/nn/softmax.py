@@ -7,7 +7,6 @@ Labels are per-instance integers, so losses with different labels batch together
 from __future__ import annotations
 
 import numbers
-import operator
 from collections.abc import Mapping
 
 import jax
@@ -15,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError
+from ..graph.computation_graph import as_index
 from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.function import function
@@ -145,10 +145,8 @@ class ClassFactoredSoftmaxBuilder:
     def neg_log_softmax(self, h, label: int) -> Expression:
         """``-log p(label | h) = -log p(class | h) - log p(label | class, h)`` (a scalar)."""
         who = "ClassFactoredSoftmaxBuilder.neg_log_softmax"
-        try:  # an int, a NumPy integer or 0-d int array, as the other ops take labels
-            if isinstance(label, (bool, np.bool_)):
-                raise TypeError
-            label = operator.index(label)
+        try:  # as the other ops take labels
+            label = as_index(label)
         except TypeError:
             raise IndexOutOfRangeError(f"{who}: label must be an integer, got "
                                        f"{label!r}") from None

@@ -279,13 +279,11 @@ DIV = _binary("cdiv", jnp.divide)
 def _binop(op, a, b):
     if type(a) is Expression and type(b) is Expression:  # the common case, first
         return _node(op, "vv", (a, b))
-    if not isinstance(a, Expression) and not isinstance(b, Expression):
-        ka, _ = _kind(a, op.name)
-        kb, _ = _kind(b, op.name)
-        if ka == "s" and kb == "s":
-            raise ArgumentTypeError(
-                f"{op.name}: at least one argument must be an Expression or Parameter")
-    if _is_number(a) or _is_number(b):
+    number_a, number_b = _is_number(a), _is_number(b)
+    if number_a and number_b:
+        raise ArgumentTypeError(
+            f"{op.name}: at least one argument must be an Expression or Parameter")
+    if number_a or number_b:
         return _number_operand(op, a, b)
     return _apply(op, a, b)
 

@@ -225,13 +225,147 @@ def test_dropout():
         cg = dx.renew_cg()
         lstm.initial_state().transduce([dx.input(x) for x in xs])
         names = [s.op.name for s in cg.node_sig]
-        assert names.count("dropout") == 2 * len(xs)  # DyNet: the input of every layer
+        # DyNet's variational dropout: one mask per layer for x and one for h, per sequence
+        assert names.count("dropout") == 2 * LAYERS[dx.nn.LSTMBuilder]
         np.testing.assert_allclose(run(), dropped, **TOL)  # same seed, same masks
         with pytest.raises(ValueError):
             lstm.set_dropout(1.0)
     finally:
         lstm.disable_dropout()
     np.testing.assert_allclose(run(), plain, **TOL)
+
+
+def ref_dropout_cell(cls, x, state, Wx, Wh, b, mx, mh):
+    """One step of ``cls`` with variational dropout: x is masked, and so is the h that the
+    recurrent products read (a GRU's carried h is not)."""
+    x, h = x * mx, state[-1]
+    hr = h * mh
+    if cls is dx.nn.SimpleRNNBuilder:
+        return (tanh(Wx @ x + Wh @ hr + b),)
+    if cls is dx.nn.LSTMBuilder:
+        i, f, o, g = jnp.split(Wx @ x + Wh @ hr + b, 4)
+        c2 = sig(i) * tanh(g) + sig(f) * state[0]
+        return c2, sig(o) * tanh(c2)
+    H = h.shape[0]
+    gx, gh = Wx @ x + b, Wh[:2 * H] @ hr
+    z, r = sig(gx[:H] + gh[:H]), sig(gx[H:2 * H] + gh[H:])
+    n = tanh(gx[2 * H:] + Wh[2 * H:] @ (r * hr))
+    return ((1 - z) * n + z * h,)
+
+
+@pytest.fixture
+def recorded_masks(monkeypatch):
+    """Every dropout mask the builders draw, in order, as (rate, Expression)."""
+    from dynax.nn import rnn
+    masks, draw = [], rnn._mask
+
+    def recording(dim, p):
+        m = draw(dim, p)
+        masks.append((p, m))
+        return m
+    monkeypatch.setattr(rnn, "_mask", recording)
+    return masks
+
+
+def _check_mask(rate, m):
+    v = m.npvalue()
+    assert set(np.unique(v)) <= {0.0, np.float32(1 / (1 - rate))}, (rate, v)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("cls", list(REFS), ids=lambda c: c.__name__)
+def test_variational_dropout_values_and_grads(cls, strategy, recorded_masks):
+    """Each sequence draws one x mask and one h mask per layer when it starts, and every
+    step reuses them: values and gradients equal a pure-JAX model given those masks, under
+    every strategy (the masks depend on the graph's seed and the build order only)."""
+    builder, layers = BUILDERS[cls], LAYERS[cls]
+    rng = np.random.default_rng(6)
+    seqs = [[rng.standard_normal(IN, np.float32) for _ in range(n)] for n in SEQ_LENGTHS]
+    weights = [rng.standard_normal(HID, np.float32) for _ in range(sum(SEQ_LENGTHS))]
+    _zero_grads()
+    builder.set_dropouts(0.4, 0.3)
+    try:
+        cg = dx.renew_cg(autobatch=strategy, seed=11)
+        outs = _flat(builder.initial_state().transduce([dx.input(x) for x in xs])
+                     for xs in seqs)
+    finally:
+        builder.disable_dropout()
+    names = [sg.op.name for sg in cg.node_sig]
+    assert names.count("dropout") == 2 * layers * len(seqs)  # none per step
+    assert len(recorded_masks) == 2 * layers * len(seqs)
+    _dot_loss(outs, weights).backward()
+    masks = [m.npvalue() for _, m in recorded_masks]
+    for rate, m in recorded_masks:
+        _check_mask(rate, m)
+    assert not np.allclose(masks[0], masks[2 * layers])  # each sequence has its own
+
+    def ref_outs(vals):
+        outs, k = [], 0
+        for xs in seqs:
+            seq_masks = masks[k:k + 2 * layers]
+            k += 2 * layers
+
+            def cell(x, state, Wx, Wh, b):  # which layer: by the weights' input size
+                layer = 0 if Wx.shape[1] == IN else 1
+                return ref_dropout_cell(cls, x, state, Wx, Wh, b, *seq_masks[2 * layer:][:2])
+            zero = (jnp.zeros(HID),) * N_STATES[cls]
+            outs += ref_transduce(cell, vals, layers, xs, [zero] * layers)
+        return outs
+
+    def ref_loss(vals):
+        return sum(jnp.dot(o, w) for o, w in zip(ref_outs(vals), weights))
+
+    _check(f"dropout-{cls.__name__}", outs, builder.pc.parameters(), ref_outs, ref_loss)
+    _check_batches(cg, strategy, 2)
+
+
+def test_dropout_rates_are_checked_and_h_rate_alone_masks_h_only(recorded_masks):
+    lstm = dx.nn.LSTMBuilder(1, IN, HID, dx.ParameterCollection(seed=0))
+    for bad in (1.0, -0.1, "0.5", True, None):
+        with pytest.raises(dx.InvalidArgumentError, match="set_dropouts: a dropout rate"):
+            lstm.set_dropouts(0.1, bad)
+    assert (lstm.dropout_rate, lstm.dropout_rate_h) == (0.0, 0.0)  # unchanged by a failure
+    lstm.set_dropouts(0.0, 0.5)
+    dx.renew_cg(seed=1)
+    lstm.initial_state().add_input(dx.input(_rand(IN))).output().forward()
+    (px, mx), (ph, mh) = recorded_masks
+    assert (px, ph) == (0.0, 0.5)
+    np.testing.assert_array_equal(mx.npvalue(), np.ones(IN, np.float32))
+    _check_mask(0.5, mh)
+
+
+def test_state_set_h_and_set_s():
+    """``set_h`` replaces every layer's h and keeps an LSTM's cells; ``set_s`` replaces all;
+    the next step reads the new vectors. Bad input changes nothing in the graph."""
+    lstm = BUILDERS[dx.nn.LSTMBuilder]
+    vals = [p.value for p in lstm.pc.parameters()]
+    x1, x2 = _rand(IN), _rand(IN)
+    h_new = [_rand(HID), _rand(HID)]
+    s_new = [_rand(HID) for _ in range(4)]
+    cg = dx.renew_cg()
+    s1 = lstm.initial_state().add_input(dx.input(x1))
+    s2 = s1.set_h([dx.input(h_new[0]), h_new[1]])  # an Expression, or an array
+    assert s2.prev() is s1 and s2.h()[1].shape == (HID,)
+    assert s2.s()[:2] == s1.s()[:2]  # the cells are kept
+    for h, want in zip(s2.h(), h_new):
+        np.testing.assert_array_equal(h.npvalue(), want)
+    c_1, c_2 = (c.npvalue() for c in s1.s()[:2])
+    want = ref_transduce(ref_lstm, vals, 2, [x2], [(c_1, h_new[0]), (c_2, h_new[1])])
+    np.testing.assert_allclose(s2.add_input(dx.input(x2)).output().npvalue(), want[0], **TOL)
+    s3 = s1.set_s(s_new)
+    got = [v.npvalue() for v in s3.s()]
+    np.testing.assert_array_equal(np.stack(got), np.stack(s_new))
+    want = ref_transduce(ref_lstm, vals, 2, [x2], [(s_new[0], s_new[2]), (s_new[1], s_new[3])])
+    np.testing.assert_allclose(s3.add_input(dx.input(x2)).output().npvalue(), want[0], **TOL)
+    before = cg.stats()["nodes"], len(cg.val_node)
+    with pytest.raises(dx.InvalidArgumentError, match=r"state.set_h: expected 2 vectors"):
+        s1.set_h([h_new[0]])
+    with pytest.raises(dx.ShapeError, match=r"state.set_s: each vector must have shape \(4,\)"):
+        s1.set_s(s_new[:3] + [np.zeros(3, np.float32)])
+    assert (cg.stats()["nodes"], len(cg.val_node)) == before
+    dx.renew_cg()
+    with pytest.raises(dx.StaleExpressionError, match="state.set_h"):
+        s1.set_h(h_new)
 
 
 # ---- bidirectional ------------------------------------------------------------------------------
@@ -286,20 +420,63 @@ def test_birnn_lstm_values():
 
 
 @pytest.mark.parametrize("strategy", ("none", "agenda"))
-def test_birnn_two_layers_with_dropout_set(strategy):
-    """With dropout on, layer 2's input is concatenated by a node (dropout applies to the
-    whole input); evaluated with train=False the values equal the plain BiLSTM's."""
+def test_birnn_two_layers_with_dropout_set(strategy, recorded_masks):
+    """Dropout keeps one node per position and layer (layer 2 still reads the halves below
+    directly: its x mask applies to their concatenation inside the kernel). Evaluated with
+    ``train=False`` the values equal the plain BiLSTM's. Trained, values and gradients equal a
+    pure-JAX BiLSTM given the masks, one pair per direction, layer and sequence; a direction
+    without dropout (here layer 2's backward one) runs the same kernel with masks of ones."""
     pc = dx.ParameterCollection(seed=5)
     bi = dx.nn.BiRNNBuilder(2, IN, 2 * HID, pc, dx.nn.LSTMBuilder)
     bi.set_dropout(0.3)
-    xs = [_rand(IN) for _ in range(4)]
+    seqs = [[_rand(IN) for _ in range(n)] for n in (4, 3)]
     cg = dx.renew_cg(autobatch=strategy, train=False)
-    outs = bi.transduce([dx.input(x) for x in xs])
+    outs = bi.transduce([dx.input(x) for x in seqs[0]])
     names = [s.op.name for s in cg.node_sig]
-    assert names.count("concatenate") == 2 * len(xs)  # between the layers + transduce's
-    assert not any(m.startswith("bidirectional_split") for m in names)
-    want = ref_birnn(ref_lstm, 2, 2, [p.value for p in pc.parameters()], xs)
+    assert names.count("concatenate") == len(seqs[0])  # transduce's only
+    assert "dropout" not in names and not recorded_masks
+    vals = [p.value for p in pc.parameters()]
+    want = ref_birnn(ref_lstm, 2, 2, vals, seqs[0])
     np.testing.assert_allclose(np.stack([o.npvalue() for o in outs]), np.stack(want), **TOL)
+
+    bi.builder_layers[1][1].disable_dropout()
+    weights = [_rand(2 * HID) for _ in range(7)]
+    cg = dx.renew_cg(autobatch=strategy, seed=4)
+    outs = _flat(bi.transduce([dx.input(x) for x in xs]) for xs in seqs)
+    names = [s.op.name for s in cg.node_sig]
+    assert names.count("bidirectional_split_lstm_cell_dropout") == 7
+    assert names.count("concatenate") == 7
+    _dot_loss(outs, weights).backward()
+    assert len(recorded_masks) == 2 * 2 * 2 * len(seqs)  # (x, h) x directions x layers
+    masks = [m.npvalue() for _, m in recorded_masks]
+    for rate, m in recorded_masks:
+        _check_mask(rate, m)
+    rates = [r for r, _ in recorded_masks]
+    assert rates[4:8] == [0.3, 0.3, 0.0, 0.0]  # layer 2: forward, then backward (ones)
+
+    def ref_outs(vals):
+        outs = []
+        for n, xs in enumerate(seqs):
+            for layer in range(2):
+                m = masks[8 * n + 4 * layer:][:4]  # forward (x, h), backward (x, h)
+                v = vals[6 * layer:6 * layer + 6]
+                zero = (jnp.zeros(HID),) * 2
+
+                def cell(direction):
+                    return lambda x, st, Wx, Wh, b: ref_dropout_cell(
+                        dx.nn.LSTMBuilder, x, st, Wx, Wh, b, *m[2 * direction:][:2])
+                f = ref_transduce(cell(0), v[:3], 1, xs, [zero])
+                b = ref_transduce(cell(1), v[3:], 1, xs[::-1], [zero])[::-1]
+                xs = [jnp.concatenate([fo, bo]) for fo, bo in zip(f, b)]
+            outs += xs
+        return outs
+
+    def ref_loss(vals):
+        return sum(jnp.dot(o, w) for o, w in zip(ref_outs(vals), weights))
+
+    for p in pc.parameters():  # keyed per strategy: each run has its own collection
+        assert np.abs(np.asarray(p.grad)).sum() > 0
+    _check(f"birnn-dropout-{strategy}", outs, pc.parameters(), ref_outs, ref_loss)
 
 
 def test_birnn_one_node_per_position_and_layer():
@@ -321,8 +498,8 @@ def test_birnn_one_node_per_position_and_layer():
 class _ScaledRNN(dx.nn.SimpleRNNBuilder):
     """A builder with its own step: BiRNNBuilder must run its directions separately."""
 
-    def _step(self, params, x, state):
-        return super()._step(params, 0.5 * x, state)
+    def _step(self, params, x, state, masks=None):
+        return super()._step(params, 0.5 * x, state, masks)
 
 
 @pytest.mark.parametrize("strategy", ("none", "agenda"))

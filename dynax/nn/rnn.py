@@ -18,6 +18,11 @@ Equations, with ``σ`` the logistic sigmoid and ``[W_x | W_h]`` one layer's weig
   ``c' = σ(i) ⊙ tanh(g) + σ(f) ⊙ c``, ``h' = σ(o) ⊙ tanh(c')``
 * GRU (stacked ``z, r, n``; Cho et al. 2014):
   ``z = σ(..), r = σ(..)``, ``n = tanh(W_xn x + W_hn (r ⊙ h) + b_n)``, ``h' = (1 - z) ⊙ n + z ⊙ h``
+
+Dropout (``set_dropout(d)``, ``set_dropouts(d, d_h)``) is variational, as in DyNet's LSTM
+builders: a sequence's masks ``m_x, m_h`` are drawn once, by ``initial_state()``, and each
+step reads ``m_x ⊙ x`` and, in its products ``W_h ·``, ``m_h ⊙ h``. The masks are arguments
+of the step's node, so dropout adds no node per step.
 """
 from __future__ import annotations
 
@@ -35,27 +40,56 @@ from .parameters import Parameter, ParameterCollection
 
 
 # ---- cells: one single-instance step each (one graph node per call) ----------------------------
+# Each step function takes ``hr``, the previous h as the recurrent products read it: h itself,
+# or h times its dropout mask (the carried state of a GRU is never masked, only its products).
 
-@function
-def _rnn_cell(x, h, Wx, Wh, b):
-    return jnp.tanh(Wx @ x + Wh @ h + b)
+def _rnn_step(x, h, hr, Wx, Wh, b):
+    return jnp.tanh(Wx @ x + Wh @ hr + b)
 
 
-@function
-def _lstm_cell(x, c, h, Wx, Wh, b):
-    i, f, o, g = jnp.split(Wx @ x + Wh @ h + b, 4)
+def _lstm_step(x, c, h, hr, Wx, Wh, b):
+    i, f, o, g = jnp.split(Wx @ x + Wh @ hr + b, 4)
     c2 = jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * c
     return c2, jax.nn.sigmoid(o) * jnp.tanh(c2)
 
 
-@function
-def _gru_cell(x, h, Wx, Wh, b):
+def _gru_step(x, h, hr, Wx, Wh, b):
     n_h = h.shape[0]
     gx = Wx @ x + b
-    zr = jax.nn.sigmoid(gx[:2 * n_h] + Wh[:2 * n_h] @ h)
+    zr = jax.nn.sigmoid(gx[:2 * n_h] + Wh[:2 * n_h] @ hr)
     z, r = zr[:n_h], zr[n_h:]
-    n = jnp.tanh(gx[2 * n_h:] + Wh[2 * n_h:] @ (r * h))
+    n = jnp.tanh(gx[2 * n_h:] + Wh[2 * n_h:] @ (r * hr))
     return (1.0 - z) * n + z * h
+
+
+@function
+def _rnn_cell(x, h, Wx, Wh, b):
+    return _rnn_step(x, h, h, Wx, Wh, b)
+
+
+@function
+def _rnn_cell_dropout(x, h, mx, mh, Wx, Wh, b):
+    return _rnn_step(x * mx, h, h * mh, Wx, Wh, b)
+
+
+@function
+def _lstm_cell(x, c, h, Wx, Wh, b):
+    return _lstm_step(x, c, h, h, Wx, Wh, b)
+
+
+@function
+def _lstm_cell_dropout(x, c, h, mx, mh, Wx, Wh, b):
+    return _lstm_step(x * mx, c, h, h * mh, Wx, Wh, b)
+
+
+@function
+def _gru_cell(x, h, Wx, Wh, b):
+    return _gru_step(x, h, h, Wx, Wh, b)
+
+
+@function
+def _gru_cell_dropout(x, h, mx, mh, Wx, Wh, b):
+    return _gru_step(x * mx, h, h * mh, Wx, Wh, b)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -122,11 +156,12 @@ class RNNState:
     one prefix can be built (beam search).
     """
 
-    __slots__ = ("builder", "layers", "_prev")
+    __slots__ = ("builder", "layers", "masks", "_prev")
 
-    def __init__(self, builder, layers, prev=None):
+    def __init__(self, builder, layers, prev=None, masks=None):
         self.builder = builder
         self.layers = layers  # tuple over layers of tuples of Expressions (h is the last)
+        self.masks = masks  # per layer (x mask, h mask), drawn once per sequence; or None
         self._prev = prev
 
     def add_input(self, x) -> "RNNState":
@@ -144,14 +179,12 @@ class RNNState:
                                        "initial_state() on the current graph")
         x = _as_expr(x)
         _check_vector(who, "input", x, b.input_dim)
-        new, inp = [], x
-        for params, state in zip(b.params, self.layers):
-            if b.dropout_rate > 0.0:
-                inp = ops.dropout(inp, b.dropout_rate)
-            out = b._step(params, inp, state)
+        new, inp, masks = [], x, self.masks
+        for layer, (params, state) in enumerate(zip(b.params, self.layers)):
+            out = b._step(params, inp, state, None if masks is None else masks[layer])
             new.append(out)
             inp = out[-1]
-        return RNNState(b, tuple(new), self)
+        return RNNState(b, tuple(new), self, masks)
 
     @ops.atomic
     def add_inputs(self, xs) -> list["RNNState"]:
@@ -183,8 +216,48 @@ class RNNState:
         """The state this one was made from (None for an initial state)."""
         return self._prev
 
+    def set_h(self, es) -> "RNNState":
+        """A new state with every layer's h replaced by ``es`` (one vector per layer, bottom
+        to top); an LSTM's cells are kept. As DyNet's, its ``prev()`` is this state."""
+        return self._replaced("set_h", es, len(self.layers[0]) - 1)
+
+    def set_s(self, es) -> "RNNState":
+        """A new state made of the vectors ``es``, in the order of ``s()`` (LSTM:
+        ``[c_1..c_L, h_1..h_L]``); its ``prev()`` is this state."""
+        return self._replaced("set_s", es, 0)
+
+    @ops.atomic
+    def _replaced(self, name, es, first):
+        """The state with vectors ``first..`` of every layer (in ``s()`` order) replaced."""
+        b = self.builder
+        who = f"{type(b).__name__} state.{name}"
+        if not self.layers[0][-1].g.alive:
+            raise StaleExpressionError(f"{who}: this state belongs to a computation graph "
+                                       "replaced by dx.renew_cg()")
+        L, n = len(self.layers), len(self.layers[0])
+        es = list(es)
+        if len(es) != (n - first) * L:
+            raise InvalidArgumentError(f"{who}: expected {(n - first) * L} vectors "
+                                       f"({n - first} per layer for {L} layers), got {len(es)}")
+        es = [_vector_arg(who, "each vector", e, b.hidden_dim) for e in es]
+        layers = tuple(layer[:first] + tuple(es[(k - first) * L + i] for k in range(first, n))
+                       for i, layer in enumerate(self.layers))
+        return RNNState(b, layers, self, self.masks)
+
 
 # ---- builders -----------------------------------------------------------------------------------
+
+def _check_rate(who, p):
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) \
+            or not 0.0 <= p < 1.0:
+        raise InvalidArgumentError(f"{who}: a dropout rate must be a number in [0, 1), got {p!r}")
+    return float(p)
+
+
+def _mask(dim, p):
+    """An inverted-dropout mask: entries 0 with probability ``p``, else 1/(1-p) (ones if 0)."""
+    return ops.dropout(ops.ones((dim,)), p)
+
 
 class _RNNBuilder:
     """Shared machinery: parameters per layer, initial states, dropout."""
@@ -206,15 +279,19 @@ class _RNNBuilder:
                 self.pc.add_parameters((n, in_dim), name=f"Wx{layer}"),
                 self.pc.add_parameters((n, self.hidden_dim), name=f"Wh{layer}"),
                 self.pc.add_parameters((n,), init=self._bias_init(), name=f"b{layer}")))
-        self.dropout_rate = 0.0
+        self.dropout_rate = self.dropout_rate_h = 0.0
 
     def _bias_init(self):
         return "zeros"
 
     _cell = None  # the Function of one layer step: cell(x, *state, *params) -> new state
+    _dropout_cell = None  # the same with masks: cell(x, *state, x_mask, h_mask, *params)
 
-    def _step(self, params, x, state):
-        out = self._cell(x, *state, *params)
+    def _step(self, params, x, state, masks=None):
+        if masks is None:
+            out = self._cell(x, *state, *params)
+        else:
+            out = self._dropout_cell(x, *state, *masks, *params)
         return out if isinstance(out, tuple) else (out,)
 
     def param_collection(self):
@@ -222,46 +299,62 @@ class _RNNBuilder:
         return self.pc
 
     def set_dropout(self, p: float) -> None:
-        """Apply ``dx.dropout(·, p)`` to the input of every layer from now on (0 disables).
+        """Drop the input and the recurrent h of every layer with rate ``p`` (0 disables):
+        ``set_dropouts(p, p)``, as DyNet's ``set_dropout``."""
+        self.set_dropouts(p, p)
 
-        Each step draws its own mask, and the recurrent h is not dropped; DyNet's LSTM
-        builders instead keep one mask per sequence and drop h too (Gal & Ghahramani's
-        variational dropout), so a ported model is regularised differently."""
-        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) \
-                or not 0.0 <= p < 1.0:
-            raise InvalidArgumentError(
-                f"{type(self).__name__}.set_dropout: p must be a number in [0, 1), got {p!r}")
-        self.dropout_rate = float(p)
+    def set_dropouts(self, d: float, d_h: float) -> None:
+        """Variational dropout (Gal & Ghahramani 2016), as DyNet's LSTM builders: each
+        ``initial_state()`` draws one mask per layer for its input (rate ``d``) and one for
+        the h its recurrent products read (rate ``d_h``); every step of that sequence reuses
+        them. The h a state outputs is not masked, and neither is the state a GRU carries.
+        Masks are ``dx.dropout`` masks, so a graph built with ``train=False`` has none."""
+        who = type(self).__name__ + ".set_dropouts"
+        d, d_h = _check_rate(who, d), _check_rate(who, d_h)
+        self.dropout_rate, self.dropout_rate_h = d, d_h
 
     def disable_dropout(self) -> None:
-        """Stop applying dropout."""
-        self.dropout_rate = 0.0
+        """Stop applying dropout (to sequences started from now on)."""
+        self.dropout_rate = self.dropout_rate_h = 0.0
+
+    def _sequence_masks(self, always: bool = False):
+        """Per layer ``(x mask, h mask)`` for a new sequence; None without dropout, unless
+        ``always`` (then masks of ones stand in)."""
+        if not always and (not (self.dropout_rate or self.dropout_rate_h)
+                           or not current_graph().train):
+            return None
+        return tuple((_mask(self.input_dim if layer == 0 else self.hidden_dim,
+                            self.dropout_rate),
+                      _mask(self.hidden_dim, self.dropout_rate_h))
+                     for layer in range(self.layers))
 
     @ops.atomic
     def initial_state(self, vecs=None) -> RNNState:
         """The state before any input: zeros, or the vectors ``vecs`` in the order of ``s()``
-        (LSTM: ``[c_1..c_L, h_1..h_L]``; others: ``[h_1..h_L]``)."""
+        (LSTM: ``[c_1..c_L, h_1..h_L]``; others: ``[h_1..h_L]``). With dropout set, this
+        draws the sequence's masks."""
         who = type(self).__name__ + ".initial_state"
         n, L = self._n_states, self.layers
         if vecs is None:
             z = ops.zeros((self.hidden_dim,))
-            return RNNState(self, tuple((z,) * n for _ in range(L)))
-        vecs = [_as_expr(v) for v in vecs]
-        if len(vecs) != n * L:
-            raise InvalidArgumentError(
-                f"{who}: expected {n * L} vectors ({n} per layer for {L} layers), "
-                f"got {len(vecs)}")
-        for v in vecs:
-            _check_vector(who, "each initial vector", v, self.hidden_dim)
-        return RNNState(self, tuple(tuple(vecs[k * L + layer] for k in range(n))
-                                    for layer in range(L)))
+            layers = tuple((z,) * n for _ in range(L))
+        else:
+            vecs = [_as_expr(v) for v in vecs]
+            if len(vecs) != n * L:
+                raise InvalidArgumentError(
+                    f"{who}: expected {n * L} vectors ({n} per layer for {L} layers), "
+                    f"got {len(vecs)}")
+            for v in vecs:
+                _check_vector(who, "each initial vector", v, self.hidden_dim)
+            layers = tuple(tuple(vecs[k * L + layer] for k in range(n)) for layer in range(L))
+        return RNNState(self, layers, None, self._sequence_masks())
 
 
 class SimpleRNNBuilder(_RNNBuilder):
     """Elman RNN: ``h' = tanh(W_x x + W_h h + b)`` per layer; one node per layer step."""
 
     _name = "simple_rnn"
-    _cell = _rnn_cell
+    _cell, _dropout_cell = _rnn_cell, _rnn_cell_dropout
 
 
 class LSTMBuilder(_RNNBuilder):
@@ -280,7 +373,7 @@ class LSTMBuilder(_RNNBuilder):
         b[H:2 * H] = 1.0
         return b
 
-    _cell = _lstm_cell
+    _cell, _dropout_cell = _lstm_cell, _lstm_cell_dropout
 
 
 class GRUBuilder(_RNNBuilder):
@@ -288,7 +381,7 @@ class GRUBuilder(_RNNBuilder):
 
     _name = "gru"
     _gates = 3
-    _cell = _gru_cell
+    _cell, _dropout_cell = _gru_cell, _gru_cell_dropout
 
 
 class BiRNNBuilder:
@@ -322,10 +415,18 @@ class BiRNNBuilder:
         return self.pc
 
     def set_dropout(self, p: float) -> None:
-        """Apply dropout to the input of every layer of both directions."""
+        """Variational dropout of rate ``p`` on the input and recurrent h of every layer of
+        both directions (see ``LSTMBuilder.set_dropouts``)."""
+        self.set_dropouts(p, p)
+
+    def set_dropouts(self, d: float, d_h: float) -> None:
+        """Variational dropout on every layer of both directions: rate ``d`` on the inputs,
+        ``d_h`` on the recurrent h; each ``add_inputs``/``transduce`` call draws new masks."""
+        _check_rate("BiRNNBuilder.set_dropouts", d)
+        _check_rate("BiRNNBuilder.set_dropouts", d_h)
         for fwd, bwd in self.builder_layers:
-            fwd.set_dropout(p)
-            bwd.set_dropout(p)
+            fwd.set_dropouts(d, d_h)
+            bwd.set_dropouts(d, d_h)
 
     def disable_dropout(self) -> None:
         """Stop applying dropout."""
@@ -342,7 +443,7 @@ class BiRNNBuilder:
         halves = None  # the layer below's (forward, backward) outputs, not yet concatenated
         for layer, (fwd, bwd) in enumerate(self.builder_layers):
             pairable = type(fwd)._step is _RNNBuilder._step and fwd._cell is not None
-            if pairable and halves is not None and fwd.dropout_rate == bwd.dropout_rate == 0.0:
+            if pairable and halves is not None:
                 # the concatenation happens inside the step's kernel: no node per position
                 fs, bs = _both_directions(fwd, bwd, halves, split=True)
             else:
@@ -396,31 +497,34 @@ def _both_directions(fwd, bwd, xs, split: bool = False):
     """The states of ``fwd`` over ``xs`` and of ``bwd`` over ``xs`` reversed (aligned with
     ``xs``), with step t of ``fwd`` and step t of ``bwd`` (position n-1-t) in one node.
 
-    With ``split`` each x is a pair of halves, the outputs of a BiRNN layer below (no
-    dropout: that applies to the whole x)."""
+    With ``split`` each x is a pair of halves, the outputs of a BiRNN layer below (their
+    concatenation is what a dropout mask applies to)."""
     if split:
-        xf = xb = xs
+        xf = xs
     else:
         xs = [_as_expr(x) for x in xs]
         for x in xs:
             _check_vector("BiRNNBuilder.add_inputs", "input", x, fwd.input_dim)
-
-        def inputs(rate):
-            return [(ops.dropout(x, rate) if rate > 0.0 else x,) for x in xs]
-        xf = inputs(fwd.dropout_rate)
-        xb = inputs(bwd.dropout_rate)
-    cell = _paired(fwd._cell, split)
+        xf = [(x,) for x in xs]
     (pf,), (pb,) = fwd.params, bwd.params
     sf, sb = fwd.initial_state(), bwd.initial_state()
+    if sf.masks is None and sb.masks is None:
+        cell, mf, mb = _paired(fwd._cell, split), (), ()
+    else:  # one kernel runs both directions: one without dropout gets masks of ones
+        sf, sb = (s if s.masks else RNNState(s.builder, s.layers, None,
+                                             s.builder._sequence_masks(always=True))
+                  for s in (sf, sb))
+        cell, (mf,), (mb,) = _paired(fwd._dropout_cell, split), sf.masks, sb.masks
     n, k = len(xs), fwd._n_states
     fs, bs = [None] * n, [None] * n
     # every argument's kind is known (Expressions, then Parameters), so the nodes go straight
     # to the graph's appender: calling ``cell`` would find the kinds again for every step
     g, op = current_graph(), cell.op
-    kinds = ("v" * (len(xf[0]) + k) + "p" * len(pf)) * 2
+    kinds = ("v" * (len(xf[0]) + k + len(mf)) + "p" * len(pf)) * 2
     for t in range(n):
         u = n - 1 - t
-        out = append_node(g, op, kinds, (*xf[t], *sf.layers[0], *pf, *xb[u], *sb.layers[0], *pb))
-        fs[t] = sf = RNNState(fwd, (out[:k],), sf)
-        bs[u] = sb = RNNState(bwd, (out[k:],), sb)
+        out = append_node(g, op, kinds, (*xf[t], *sf.layers[0], *mf, *pf,
+                                         *xf[u], *sb.layers[0], *mb, *pb))
+        fs[t] = sf = RNNState(fwd, (out[:k],), sf, sf.masks)
+        bs[u] = sb = RNNState(bwd, (out[k:],), sb, sb.masks)
     return fs, bs

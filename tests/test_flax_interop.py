@@ -258,3 +258,80 @@ def test_linen_block_from_pretrained_variables_and_back(strategy):
     np.testing.assert_allclose(jax.jit(module.apply)(got, XS[1]), outs[1].npvalue(), **TOL)
     with pytest.raises(ValueError, match="'params' entry"):
         dx.nn.from_flax(module, dx.ParameterCollection(), XS[0], variables=params)
+
+
+class Switched(nn.Module):
+    """A module whose call needs a keyword: ``train`` changes the math, ``scale`` multiplies
+    the output and ``with_hidden`` changes the output's structure."""
+
+    @nn.compact
+    def __call__(self, x, *, train: bool, scale: float = 1.0, with_hidden: bool = False):
+        h = nn.tanh(nn.Dense(IN)(x))
+        y = nn.Dense(OUT)(h if train else 0.5 * h) * scale
+        return (y, h) if with_hidden else y
+
+
+@pytest.mark.parametrize("strategy", ["none", "agenda"])
+def test_call_keywords_are_static_and_batched_apart(strategy):
+    """``call_kwargs`` serve ``init`` and every call; a call's own keywords override them.
+    Calls with different keywords are different node types, each batched; values and
+    gradients equal ``module.apply`` with the same keywords under ``jax.grad``."""
+    module = Switched()
+    pc = dx.ParameterCollection(seed=2)
+    with pytest.raises(ValueError, match="Switched.init failed .*train"):
+        dx.nn.from_flax(module, pc, XS[0])  # the call needs ``train``
+    assert not pc.parameters()
+    block = dx.nn.from_flax(module, pc, XS[0], call_kwargs={"train": False})
+    kws = [{}, {"train": True}, {"scale": 3.0}, {"train": False}, {"train": True}, {}]
+    cg = dx.renew_cg(autobatch=strategy)
+    outs = [block(dx.input(x), **kw) for x, kw in zip(XS, kws)]
+    hidden = block(dx.input(XS[0]), with_hidden=True, train=True)
+    assert isinstance(hidden, tuple) and hidden[1].shape == (IN,)
+    names = {s.op.name for s in cg.node_sig if s.op.name.startswith("flax:")}
+    assert names == {"flax:Switched,train=False", "flax:Switched,train=True",
+                     "flax:Switched,scale=3.0,train=False",
+                     "flax:Switched,train=True,with_hidden=True"}
+    loss = dx.esum([dx.pickneglogsoftmax(o, y) for o, y in zip(outs, YS)]
+                   + [dx.sum_elems(hidden[1])])
+    loss.backward()
+    if strategy == "agenda":  # equal keywords batch: 3 node types for the 6 plain calls
+        assert cg.stats()["batches"] < cg.stats()["nodes"]
+
+    def ref(params):
+        total = 0.0
+        for x, y, kw in zip(XS, YS, kws):
+            logits = module.apply({"params": params}, x, **{"train": False, **kw})
+            total -= jax.nn.log_softmax(logits)[y]
+        _, h = module.apply({"params": params}, XS[0], train=True, with_hidden=True)
+        return total + jnp.sum(h)
+
+    params = block.flax_params()
+    want = [module.apply({"params": params}, x, **{"train": False, **kw})
+            for x, kw in zip(XS, kws)]
+    for o, w in zip(outs, want, strict=True):
+        np.testing.assert_allclose(o.npvalue(), np.asarray(w), **TOL)
+    train_value = module.apply({"params": params}, XS[0], train=True)
+    assert not np.allclose(outs[0].npvalue(), np.asarray(train_value))  # train matters
+    grads = jax.tree_util.tree_leaves(jax.grad(ref)(params))
+    for p, g in zip(block.params, grads, strict=True):
+        np.testing.assert_allclose(np.asarray(p.grad), np.asarray(g), err_msg=p.name, **TOL)
+    with pytest.raises(TypeError, match=r"keyword argument scale=array.* are static"):
+        block(dx.input(XS[0]), scale=np.ones(2))
+    with pytest.raises(ValueError, match="Switched failed .*train=False, zoom=2"):
+        block(dx.input(XS[0]), zoom=2)
+
+
+def test_nnx_call_keywords():
+    class Doubler(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(IN, OUT, rngs=rngs)
+
+        def __call__(self, x, *, double=False):
+            return self.lin(x) * (2.0 if double else 1.0)
+
+    module = Doubler(nnx.Rngs(0))
+    block = dx.nn.from_flax(module, dx.ParameterCollection(seed=0), XS[0])
+    dx.renew_cg()
+    one, two = block(dx.input(XS[1])), block(dx.input(XS[1]), double=True)
+    np.testing.assert_allclose(two.npvalue(), 2 * one.npvalue(), **TOL)
+    np.testing.assert_allclose(one.npvalue(), np.asarray(module(XS[1])), **TOL)

@@ -64,15 +64,22 @@ def _unflattener(treedef, shapes, dtypes):
     return unflatten
 
 
-def _block_function(call, unflatten, n_in, n_out, label) -> Function:
-    """The single-instance ``(inputs..., parameter leaves...) -> output leaves`` as a node type."""
+def _block_function(call, unflatten, n_in, n_out, label, kwargs) -> Function:
+    """The single-instance ``(inputs..., parameter leaves...) -> output leaves`` as a node
+    type; ``kwargs`` (static keyword arguments of the module's call) are part of it."""
+    kw = dict(kwargs)
+
     def apply(*args):
-        outs = jax.tree_util.tree_leaves(call(unflatten(args[n_in:]), args[:n_in]))
+        outs = jax.tree_util.tree_leaves(call(unflatten(args[n_in:]), args[:n_in], kw))
         outs = [o.astype(jnp.float32) for o in outs]  # dynax values are float32
         return outs[0] if n_out == 1 else tuple(outs)
 
-    apply.__qualname__ = apply.__name__ = f"flax:{label}"
+    suffix = "".join(f",{k}={v!r}" for k, v in kwargs)
+    apply.__qualname__ = apply.__name__ = f"flax:{label}{suffix}"
     return Function(apply)
+
+
+_STATIC_TYPES = (bool, int, float, str, type(None), np.bool_, np.integer, np.floating)
 
 
 # Blocks of equal linen modules with the same parameter layout share one Function, hence
@@ -81,17 +88,32 @@ def _block_function(call, unflatten, n_in, n_out, label) -> Function:
 _SHARED_FUNCTIONS: dict = {}
 
 
-_jitted_init = jax.jit(lambda module, key, *xs: module.init(key, *xs), static_argnums=0)
+_jitted_init = jax.jit(lambda module, kw, key, *xs: module.init(key, *xs, **dict(kw)),
+                       static_argnums=(0, 1))
 
 
-def _init(module, key, *xs):
+def _init(module, kwargs, key, *xs):
     """``module.init`` as one compiled program (eagerly it compiles op by op), cached for
     equal modules; modules with unhashable fields get a one-off ``jax.jit``."""
     try:
         hash(module)
     except TypeError:
-        return jax.jit(module.init)(key, *xs)
-    return _jitted_init(module, key, *xs)
+        return jax.jit(lambda key, *xs: module.init(key, *xs, **dict(kwargs)))(key, *xs)
+    return _jitted_init(module, kwargs, key, *xs)
+
+
+def _with_kwargs(items) -> str:
+    return "".join(f", {k}={v!r}" for k, v in items)
+
+
+def _static_kwargs(who, kwargs) -> tuple:
+    """Keyword arguments as a sorted tuple of items, each value a static scalar."""
+    for k, v in kwargs.items():
+        if not isinstance(v, _STATIC_TYPES):
+            raise TypeError(f"{who}: keyword argument {k}={v!r} is a {type(v).__name__}; a "
+                            "block's keyword arguments are static: Python scalars, strings "
+                            "or None")
+    return tuple(sorted(kwargs.items()))
 
 
 class FlaxBlock:
@@ -105,23 +127,37 @@ class FlaxBlock:
       output_shapes: the shape of each array the module returns, in flattened order.
     """
 
-    def __init__(self, module, pc, params, fn, unflatten, input_shapes, out_treedef,
-                 out_shapes, constants=None):
+    def __init__(self, module, pc, params, variant, defaults, unflatten, input_shapes,
+                 constants=None):
         self.module = module
         self._constants = constants
         self.pc = pc
         self.params = params
         self.input_shapes = input_shapes
-        self.output_shapes = out_shapes
-        self._fn, self._unflatten, self._out_treedef = fn, unflatten, out_treedef
+        self._variant, self._unflatten = variant, unflatten
+        kwargs, self._default = defaults
+        self._call_kwargs = dict(kwargs)
+        # the call's keywords (sorted items) -> (Function, output treedef, output shapes)
+        self._variants = {kwargs: self._default}
+        self.output_shapes = self._default[2]
 
     @atomic  # a failed call leaves no constants behind in the graph
-    def __call__(self, *inputs):
+    def __call__(self, *inputs, **kwargs):
         """The module's output for one example: Expression(s) in the module's output structure.
 
         Each input is an Expression (or an array, taken as a constant) of the shape of the
-        corresponding example input given to ``from_flax``."""
-        who = self._fn.op.name
+        corresponding example input given to ``from_flax``. Keyword arguments go to the
+        module's call (``deterministic=True``, ``train=False``), over ``from_flax``'s
+        ``call_kwargs``; they must be Python scalars, strings or None, and are static: calls
+        with other values are other node types, compiled and batched apart."""
+        variant = self._default
+        if kwargs:
+            items = _static_kwargs(variant[0].op.name, {**self._call_kwargs, **kwargs})
+            variant = self._variants.get(items)
+            if variant is None:
+                variant = self._variants[items] = self._variant(items)
+        fn, out_treedef, out_shapes = variant
+        who = fn.op.name
         if len(inputs) != len(self.input_shapes):
             raise ValueError(f"{who}: expected {len(self.input_shapes)} input(s), "
                              f"got {len(inputs)}")
@@ -133,9 +169,9 @@ class FlaxBlock:
                                  f"{shape} (the example input's; one example, no batch "
                                  "dimension)")
             xs.append(x)
-        out = self._fn(*xs, *self.params)
-        outs = out if len(self.output_shapes) > 1 else (out,)
-        return jax.tree_util.tree_unflatten(self._out_treedef, list(outs))
+        out = fn(*xs, *self.params)
+        outs = out if len(out_shapes) > 1 else (out,)
+        return jax.tree_util.tree_unflatten(out_treedef, list(outs))
 
     def param_collection(self):
         """The subcollection holding this block's parameters (for ``dx.save``/``dx.load``)."""
@@ -163,7 +199,7 @@ class FlaxBlock:
 
 
 def from_flax(module, pc, example_input, name: str | None = None, rng=None,
-              variables=None) -> FlaxBlock:
+              variables=None, call_kwargs: dict | None = None) -> FlaxBlock:
     """Wrap a Flax module as a dynax block: one graph node per call, batched by dynax.
 
     Args:
@@ -185,6 +221,9 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
         ``module.init`` (pretrained weights: ``{"params": ..., "batch_stats": ...}``, as
         ``module.init`` or ``block.flax_variables()`` returns them); checked against the
         example input.
+      call_kwargs: keyword arguments of the module's call for ``init`` and every call of the
+        block (``{"train": False}``, ``{"deterministic": True}``); a call's own keywords
+        override them. Static: Python scalars, strings or None.
 
     Returns:
       A ``FlaxBlock``: ``block(x)`` returns the module's output as Expressions (one, or the
@@ -225,6 +264,7 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
     if not examples:
         raise ValueError("from_flax: example_input is an empty tuple; give one example")
     examples = tuple(_as_example(x, i) for i, x in enumerate(examples))
+    defaults = _static_kwargs("from_flax", dict(call_kwargs or {}))
     shapes = ", ".join(str(x.shape) for x in examples)
     kind = type(module).__name__
 
@@ -235,11 +275,11 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
         if variables is None:
             key = pc._next_key() if rng is None else rng
             try:
-                variables = _init(module, key, *examples)
+                variables = _init(module, defaults, key, *examples)
             except Exception as e:
                 raise ValueError(f"from_flax: {kind}.init failed on an example input of shape "
-                                 f"{shapes} (one example, no batch dimension): "
-                                 f"{type(e).__name__}: {e}") from e
+                                 f"{shapes}{_with_kwargs(defaults)} (one example, no batch "
+                                 f"dimension): {type(e).__name__}: {e}") from e
         elif not hasattr(variables, "keys") or "params" not in variables:
             raise ValueError(f"from_flax: variables must be a dict of variable collections "
                              f"with a 'params' entry, as {kind}.init returns; got "
@@ -248,14 +288,14 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
         params = variables.pop("params", {})
         constants = variables  # other collections (e.g. batch_stats) are held constant
 
-        def call(tree, xs):
-            return module.apply({**constants, "params": tree}, *xs)
+        def call(tree, xs, kw):
+            return module.apply({**constants, "params": tree}, *xs, **kw)
         default_name = module.name or kind
     elif isinstance(module, nnx.Module):
         graphdef, params, rest = nnx.split(module, nnx.Param, ...)
 
-        def call(tree, xs):
-            return nnx.merge(graphdef, tree, rest)(*xs)
+        def call(tree, xs, kw):
+            return nnx.merge(graphdef, tree, rest)(*xs, **kw)
         default_name, constants = kind, None
     else:
         raise TypeError(f"from_flax: expected a flax.linen or flax.nnx Module, got {kind}")
@@ -266,37 +306,48 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
         if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
             raise ValueError(f"from_flax: parameter {_path_name(path)!r} of {kind} has dtype "
                              f"{jnp.result_type(leaf)}; only floating parameters are trainable")
-    try:
-        out = jax.eval_shape(lambda *xs: call(jax.tree_util.tree_unflatten(treedef, leaves),
-                                              xs), *examples)
-    except Exception as e:
-        raise ValueError(f"from_flax: {kind} failed on an example input of shape {shapes} "
-                         f"(one example, no batch dimension): {type(e).__name__}: {e}") from e
-    out_leaves, out_treedef = jax.tree_util.tree_flatten(out)
-    if not out_leaves:
-        raise ValueError(f"from_flax: {kind} returned no arrays")
-    for o in out_leaves:
-        if not jnp.issubdtype(o.dtype, jnp.floating):
-            raise ValueError(f"from_flax: {kind} returns a {o.dtype} array; dynax values are "
-                             "float32")
-
     input_shapes = tuple(x.shape for x in examples)
     leaf_shapes = tuple(np.shape(leaf) for leaf in leaves)
     leaf_dtypes = tuple(jnp.result_type(leaf) for leaf in leaves)
+    leaf_structs = [jax.ShapeDtypeStruct(s, d) for s, d in zip(leaf_shapes, leaf_dtypes)]
     unflatten = _unflattener(treedef, leaf_shapes, leaf_dtypes)
-    share = None
-    if isinstance(module, linen.Module) and not constants:
-        share = (module, treedef, leaf_shapes, tuple(map(str, leaf_dtypes)), input_shapes)
-        try:
-            hash(share)
-        except TypeError:  # a module with unhashable fields gets its own Function
-            share = None
-    fn = _SHARED_FUNCTIONS.get(share) if share is not None else None
-    if fn is None:
-        fn = _block_function(call, unflatten, len(examples), len(out_leaves), default_name)
-        if share is not None:
-            _SHARED_FUNCTIONS[share] = fn
+    shareable = isinstance(module, linen.Module) and not constants
 
+    def variant(kwargs):
+        """(Function, output treedef, output shapes) of the module called with ``kwargs``."""
+        with_kw = _with_kwargs(kwargs)
+        try:
+            out = jax.eval_shape(
+                lambda tree, *xs: call(jax.tree_util.tree_unflatten(treedef, tree), xs,
+                                       dict(kwargs)), leaf_structs, *examples)
+        except Exception as e:
+            raise ValueError(f"from_flax: {kind} failed on an example input of shape {shapes}"
+                             f"{with_kw} (one example, no batch dimension): "
+                             f"{type(e).__name__}: {e}") from e
+        out_leaves, out_treedef = jax.tree_util.tree_flatten(out)
+        if not out_leaves:
+            raise ValueError(f"from_flax: {kind}{with_kw} returned no arrays")
+        for o in out_leaves:
+            if not jnp.issubdtype(o.dtype, jnp.floating):
+                raise ValueError(f"from_flax: {kind}{with_kw} returns a {o.dtype} array; "
+                                 "dynax values are float32")
+        share = None
+        if shareable:
+            share = (module, treedef, leaf_shapes, tuple(map(str, leaf_dtypes)), input_shapes,
+                     kwargs)
+            try:
+                hash(share)
+            except TypeError:  # a module with unhashable fields gets its own Function
+                share = None
+        fn = _SHARED_FUNCTIONS.get(share) if share is not None else None
+        if fn is None:
+            fn = _block_function(call, unflatten, len(examples), len(out_leaves),
+                                 default_name, kwargs)
+            if share is not None:
+                _SHARED_FUNCTIONS[share] = fn
+        return fn, out_treedef, [tuple(o.shape) for o in out_leaves]
+
+    first = variant(defaults)  # checks the module on the example: nothing is added if it fails
     sub = _fresh_subcollection(pc, name or default_name)
     dparams = []
     for path, leaf in path_leaves:
@@ -304,5 +355,5 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
         dparams.append(sub.add_parameters(value.shape or (1,), init=value.reshape(-1)
                                           if value.shape == () else value,
                                           name=_path_name(path)))
-    return FlaxBlock(module, sub, dparams, fn, unflatten, input_shapes, out_treedef,
-                     [tuple(o.shape) for o in out_leaves], constants)
+    return FlaxBlock(module, sub, dparams, variant, (defaults, first), unflatten, input_shapes,
+                     constants)

@@ -15,8 +15,9 @@ from .nn import (AdagradTrainer, AdamTrainer, LookupParameter, MomentumSGDTraine
 from .ops.core import (abs, add, affine_transform, average, binary_log_loss, cdiv, cmult,
                        concatenate, concatenate_cols, div, dot_product, dropout, emax, esum, exp,
                        hinge, input, log, log_softmax, logistic, lookup, matmul, mul, negate,
-                       ones, parameter, pick, pickneglogsoftmax, rectify, reshape, softmax, sqrt,
-                       square, squared_distance, sub, sum_elems, tanh, transpose, zeros)
+                       ones, parameter, pick, pickneglogsoftmax, random_bernoulli, random_gumbel,
+                       random_normal, random_uniform, rectify, reshape, softmax, sqrt, square,
+                       squared_distance, sub, sum_elems, tanh, transpose, zeros)
 from .ops.function import Function, function
 
 

@@ -364,6 +364,85 @@ def dropout(x, p: float):
     return _node(DROPOUT, k + "iis", [x, g.seed, len(g.node_sig), float(p)])
 
 
+# ---- random values (DyNet's random_normal, random_bernoulli, random_uniform, random_gumbel) ---------
+
+def _random_op(name, draw):
+    """An op of no value arguments: ``(seed, node id, shape, a, b)``, drawn from the key of
+    the graph's seed and the node's id (as dropout's masks), so batching changes nothing."""
+    def fn(seed, node, shape, a, b):
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), node)
+        return draw(key, shape, a, b).astype(FLOAT)
+    return OpDef(name, fn, CHEAP, index_bounds=lambda avals: (INDEX_LIMIT, INDEX_LIMIT))
+
+
+RANDOM_NORMAL = _random_op(
+    "random_normal", lambda key, shape, mean, std: mean + std * jax.random.normal(key, shape))
+RANDOM_BERNOULLI = _random_op(
+    "random_bernoulli", lambda key, shape, p, scale: scale * jax.random.bernoulli(key, p, shape))
+RANDOM_UNIFORM = _random_op(
+    "random_uniform", lambda key, shape, lo, hi: jax.random.uniform(key, shape, minval=lo,
+                                                                     maxval=hi))
+RANDOM_GUMBEL = _random_op(
+    "random_gumbel", lambda key, shape, mu, beta: mu + beta * jax.random.gumbel(key, shape))
+
+
+def _random(op, shape, a, b):
+    """A node of the random ``op``; ``shape`` an int or a tuple of positive ints."""
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    if not isinstance(dims, (tuple, list)) or any(
+            isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
+        raise InvalidArgumentError(f"{op.name}: shape must be a positive int or a tuple of "
+                                   f"them, got {shape!r}")
+    g = current_graph()
+    return _node(op, "iisss", [g.seed, len(g.node_sig), tuple(int(d) for d in dims), a, b])
+
+
+def _real(opname, what, x, low=-np.inf, high=np.inf, low_open=False):
+    """``x`` as a float in [low, high] (or (low, high] with ``low_open``), else a clear error."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not np.isfinite(x) \
+            or x < low or x > high or (low_open and x == low):
+        bound = ""
+        if np.isfinite(high):
+            bound = f" in [{low}, {high}]"
+        elif np.isfinite(low):
+            bound = f" above {low}" if low_open else f" of at least {low}"
+        raise InvalidArgumentError(f"{opname}: {what} must be a finite number{bound}, got {x!r}")
+    return float(x)
+
+
+def random_normal(shape, mean: float = 0.0, stddev: float = 1.0) -> Expression:
+    """Samples of N(mean, stddev^2) of ``shape`` (DyNet's ``random_normal``).
+
+    Random in every graph (``train=False`` included), drawn from the graph's seed and the
+    node's id: a fixed ``dx.renew_cg(seed=...)`` reproduces them, under every strategy. The
+    parameters are static (part of the signature); to learn them, scale and shift a standard
+    sample: ``mu + dx.cmult(sigma, dx.random_normal(d))``.
+    """
+    return _random(RANDOM_NORMAL, shape, _real("random_normal", "mean", mean),
+                   _real("random_normal", "stddev", stddev, 0.0, np.inf))
+
+
+def random_bernoulli(shape, p: float, scale: float = 1.0) -> Expression:
+    """``scale`` with probability ``p``, else 0, per entry (DyNet's ``random_bernoulli``);
+    seeded as ``random_normal``."""
+    return _random(RANDOM_BERNOULLI, shape, _real("random_bernoulli", "p", p, 0.0, 1.0),
+                   _real("random_bernoulli", "scale", scale))
+
+
+def random_uniform(shape, left: float, right: float) -> Expression:
+    """Samples of U[left, right) (DyNet's ``random_uniform``); seeded as ``random_normal``."""
+    left = _real("random_uniform", "left", left)
+    right = _real("random_uniform", "right", right, left, np.inf)
+    return _random(RANDOM_UNIFORM, shape, left, right)
+
+
+def random_gumbel(shape, mu: float = 0.0, beta: float = 1.0) -> Expression:
+    """Samples of Gumbel(mu, beta) (DyNet's ``random_gumbel``; Gumbel-max sampling adds one
+    to log-probabilities); seeded as ``random_normal``."""
+    return _random(RANDOM_GUMBEL, shape, _real("random_gumbel", "mu", mu),
+                   _real("random_gumbel", "beta", beta, 0.0, np.inf, low_open=True))
+
+
 # ---- linear algebra -------------------------------------------------------------------------------
 
 def _check_matmul(avals, statics):

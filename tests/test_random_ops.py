@@ -1,0 +1,100 @@
+"""DyNet's random ops: ``dx.random_normal``, ``random_bernoulli``, ``random_uniform``,
+``random_gumbel``. Seeded by the graph and the node (the same draws under every strategy),
+distributed as named, and differentiable through the reparameterisation ``mu + sigma * eps``
+(checked against ``jax.grad`` with the same draws)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dynax as dx
+
+STRATEGIES = ("none", "depth", "agenda")
+OPS = {
+    "normal": lambda shape: dx.random_normal(shape, 0.5, 2.0),
+    "bernoulli": lambda shape: dx.random_bernoulli(shape, 0.3, 4.0),
+    "uniform": lambda shape: dx.random_uniform(shape, -1.0, 3.0),
+    "gumbel": lambda shape: dx.random_gumbel(shape, 1.0, 2.0),
+}
+
+
+def _draws(strategy, seed=7):
+    cg = dx.renew_cg(autobatch=strategy, seed=seed)
+    es = {k: [make(3), make(3), make((2, 3))] for k, make in OPS.items()}
+    dx.forward([e for v in es.values() for e in v])
+    return cg, {k: [e.npvalue() for e in v] for k, v in es.items()}
+
+
+def test_draws_are_seeded_by_graph_and_node_and_batching_changes_nothing():
+    _, ref = _draws("none")
+    for strategy in ("depth", "agenda"):
+        cg, got = _draws(strategy)
+        for k in OPS:
+            for a, b in zip(ref[k], got[k], strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"{k} {strategy}")
+        if strategy == "agenda":  # 4 ops x 2 shapes
+            assert cg.stats()["batches"] == 8 < cg.stats()["nodes"]
+    for k in OPS:  # two nodes of one graph draw differently
+        assert not np.array_equal(ref[k][0], ref[k][1]), k
+    _, other = _draws("agenda", seed=8)
+    assert not np.array_equal(other["normal"][0], ref["normal"][0])
+    dx.renew_cg(train=False, seed=7)  # random in evaluation graphs too, as DyNet's
+    np.testing.assert_array_equal(OPS["normal"](3).npvalue(), ref["normal"][0])
+
+
+def test_distributions():
+    n = 40_000
+    dx.renew_cg(seed=1)
+    normal = dx.random_normal(n, 0.5, 2.0).npvalue()
+    bern = dx.random_bernoulli((n,), 0.3, 4.0).npvalue()
+    unif = dx.random_uniform(n, -1.0, 3.0).npvalue()
+    gumbel = dx.random_gumbel(n, 1.0, 2.0).npvalue()
+    assert abs(normal.mean() - 0.5) < 0.05 and abs(normal.std() - 2.0) < 0.05
+    assert set(np.unique(bern)) == {0.0, 4.0} and abs((bern > 0).mean() - 0.3) < 0.01
+    assert unif.min() >= -1.0 and unif.max() < 3.0 and abs(unif.mean() - 1.0) < 0.03
+    euler = 0.5772156649
+    assert abs(gumbel.mean() - (1.0 + 2.0 * euler)) < 0.05
+    assert abs(gumbel.std() - 2.0 * np.pi / np.sqrt(6)) < 0.06
+    assert all(v.dtype == np.float32 for v in (normal, bern, unif, gumbel))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_reparameterised_sample_gradients(strategy):
+    """loss = sum over instances of ||mu + exp(log_sigma) * eps_i - target_i||^2."""
+    pc = dx.ParameterCollection(seed=0)
+    mu = pc.add_parameters((3,), init="normal")
+    log_sigma = pc.add_parameters((3,), init="normal")
+    targets = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    dx.renew_cg(autobatch=strategy, seed=3)
+    eps = [dx.random_normal(3) for _ in targets]
+    losses = [dx.squared_distance(mu + dx.cmult(dx.exp(log_sigma), e), dx.input(t))
+              for e, t in zip(eps, targets)]
+    loss = dx.esum(losses)
+    loss.backward()
+    e = np.stack([x.npvalue() for x in eps])
+
+    def ref(m, s):
+        return jnp.sum((m[None] + jnp.exp(s)[None] * e - targets) ** 2)
+
+    want = ref(mu.value, log_sigma.value)
+    gm, gs = jax.grad(ref, argnums=(0, 1))(mu.value, log_sigma.value)
+    np.testing.assert_allclose(loss.scalar_value(), float(want), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(mu.grad), np.asarray(gm), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(log_sigma.grad), np.asarray(gs), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: dx.random_normal((3, 0)), r"random_normal: shape must be a positive int"),
+    (lambda: dx.random_normal("3"), r"random_normal: shape"),
+    (lambda: dx.random_normal(3, stddev=-1.0), r"random_normal: stddev .* of at least 0.0"),
+    (lambda: dx.random_normal(3, mean=float("nan")), r"random_normal: mean must be a finite"),
+    (lambda: dx.random_bernoulli(3, 1.5), r"random_bernoulli: p .* in \[0.0, 1.0\], got 1.5"),
+    (lambda: dx.random_bernoulli(3, True), r"random_bernoulli: p"),
+    (lambda: dx.random_uniform(3, 2.0, 1.0), r"random_uniform: right .* at least 2.0"),
+    (lambda: dx.random_gumbel(3, beta=0.0), r"random_gumbel: beta .* above 0.0, got 0.0"),
+])
+def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
+    cg = dx.renew_cg()
+    with pytest.raises(dx.InvalidArgumentError, match=match):
+        call()
+    assert cg.stats()["nodes"] == 0

@@ -12,6 +12,7 @@ import operator
 from typing import Callable, NamedTuple
 
 import jax
+import jax.scipy.special
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -318,6 +319,56 @@ case("function_single", {**M23, **A3, "b": ((2,), "glorot")}, vec_data(),
 case("function_tuple", M23, vec_data(),
      lambda P, d: two_out(inp(d["x"]), P["M"], 2.0),
      lambda V, d: (jnp.tanh(V["M"] @ d["x"]) * 2.0, jax.nn.sigmoid(V["M"] @ d["x"])))
+
+
+# ---- DyNet's further ops (dynax/ops/extra.py) -------------------------------------------------------
+
+
+@jax.custom_vjp
+def _flipped(x):
+    return x
+
+
+_flipped.defvjp(lambda x: (x, None), lambda _, g: (-g,))
+
+for _name, _f, _g in (("selu", dx.selu, jax.nn.selu), ("softsign", dx.softsign, jax.nn.soft_sign),
+                      ("log_sigmoid", dx.log_sigmoid, jax.nn.log_sigmoid),
+                      ("cube", dx.cube, lambda x: x ** 3),
+                      ("erf", dx.erf, jax.scipy.special.erf),
+                      ("elu_alpha", lambda x: dx.elu(x, 0.7), lambda x: jax.nn.elu(x, 0.7)),
+                      ("nobackprop", lambda x: dx.nobackprop(x) * x,
+                       lambda x: jax.lax.stop_gradient(x) * x),
+                      ("flip_gradient", lambda x: dx.flip_gradient(x) * 2.0,
+                       lambda x: _flipped(x) * 2.0),
+                      ("mean_elems", dx.mean_elems, jnp.mean),
+                      ("l2_norm", dx.l2_norm, jnp.linalg.norm)):
+    case(f"{_name}_expr", A3, vec_data(),
+         lambda P, d, f=_f: f(ev(P, d["x"])), lambda V, d, g=_g: g(d["x"] + V["A"]))
+
+for _name, _f, _g in (("bmax", dx.bmax, jnp.maximum), ("bmin", dx.bmin, jnp.minimum),
+                      ("pow", dx.pow, jnp.power)):
+    case(f"{_name}_expr_expr", AP3, vec_data(positive),
+         lambda P, d, f=_f: f(ev(P, d["x"]), inp(d["y"]) * P["A"]),
+         lambda V, d, g=_g: g(d["x"] + V["A"], d["y"] * V["A"]))
+case("pow_expr_number", AP3, vec_data(positive), lambda P, d: dx.pow(ev(P, d["x"]), 1.5),
+     lambda V, d: (d["x"] + V["A"]) ** 1.5)
+case("bmax_number_expr", A3, vec_data(), lambda P, d: dx.bmax(0.1, ev(P, d["x"])),
+     lambda V, d: jnp.maximum(0.1, d["x"] + V["A"]))
+
+for _name, _f, _g in (("sum_dim", lambda x: dx.sum_dim(x, 1), lambda x: jnp.sum(x, 1)),
+                      ("sum_dim_both", lambda x: dx.sum_dim(x, [1, 0]), jnp.sum),
+                      ("mean_dim", lambda x: dx.mean_dim(x, 0), lambda x: jnp.mean(x, 0)),
+                      ("max_dim", lambda x: dx.max_dim(x, 1), lambda x: jnp.max(x, 1)),
+                      ("min_dim", dx.min_dim, lambda x: jnp.min(x, 0)),
+                      ("logsumexp_dim", lambda x: dx.logsumexp_dim(x, 1),
+                       lambda x: jax.nn.logsumexp(x, 1)),
+                      ("pick_range_d1", lambda x: dx.pick_range(x, 1, 3, d=1),
+                       lambda x: x[:, 1:3]),
+                      ("pick_range_d0", lambda x: dx.pick_range(x, 0, 1), lambda x: x[0:1])):
+    case(f"{_name}", M23, lambda r, k: {"X": normal(r, 2, 3)},
+         lambda P, d, f=_f: f(em(P, d["X"])), lambda V, d, g=_g: g(d["X"] + V["M"]))
+case("l1_distance", A3, vec_data(), lambda P, d: dx.l1_distance(ev(P, d["x"]), inp(d["y"])),
+     lambda V, d: jnp.sum(jnp.abs(d["x"] + V["A"] - d["y"])))
 
 
 # ---- the generic tests ----------------------------------------------------------------------------

@@ -1,7 +1,12 @@
-"""DyNet's random ops: ``dx.random_normal``, ``random_bernoulli``, ``random_uniform``,
-``random_gumbel``. Seeded by the graph and the node (the same draws under every strategy),
-distributed as named, and differentiable through the reparameterisation ``mu + sigma * eps``
-(checked against ``jax.grad`` with the same draws)."""
+"""Ops beyond API.md, as DyNet has them.
+
+* Random ops (``dx.random_normal``, ``random_bernoulli``, ``random_uniform``,
+  ``random_gumbel``): seeded by the graph and the node (the same draws under every
+  strategy), distributed as named, and differentiable through the reparameterisation
+  ``mu + sigma * eps`` (checked against ``jax.grad`` with the same draws).
+* The ops of ``dynax/ops/extra.py``: their argument checks (their values and gradients are
+  cases of ``tests/test_ops.py``).
+"""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,3 +103,29 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
     with pytest.raises(dx.InvalidArgumentError, match=match):
         call()
     assert cg.stats()["nodes"] == 0
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda x: dx.max_dim(x, 2), dx.IndexOutOfRangeError,
+     r"max_dim: dimension 2 is out of range for shape \(2, 3\)"),
+    (lambda x: dx.sum_dim(x, [0, 0]), dx.InvalidArgumentError, r"sum_dim: d repeats"),
+    (lambda x: dx.mean_dim(x, 0.5), dx.InvalidArgumentError, r"mean_dim: d must be an int"),
+    (lambda x: dx.pick_range(x, 2, 2, 1), dx.IndexOutOfRangeError,
+     r"pick_range: range \[2, 2\) is empty or outside \[0, 3\) along dimension 1"),
+    (lambda x: dx.pick_range(x, 0, 4, 1), dx.IndexOutOfRangeError, r"pick_range: range"),
+    (lambda x: dx.pick_range(x, 0, 1, 2), dx.IndexOutOfRangeError, r"pick_range: dimension 2"),
+    (lambda x: dx.pick_range(x, 0.0, 1), dx.InvalidArgumentError, r"pick_range: start"),
+    (lambda x: dx.elu(x, "a"), dx.InvalidArgumentError, r"elu: alpha must be a number"),
+    (lambda x: dx.l1_distance(x, np.ones(3, np.float32)), dx.ShapeError,
+     r"l1_distance: all arguments must have the same shape, got \(2, 3\), \(3,\)"),
+    (lambda x: dx.bmax(x, np.ones(3, np.float32)), dx.ShapeError, r"bmax: shapes"),
+])
+def test_further_ops_check_their_arguments(call, error, match):
+    """The ops of dynax/ops/extra.py (values and gradients: tests/test_ops.py) fail at
+    construction, naming themselves, and leave the graph as it was."""
+    cg = dx.renew_cg()
+    x = dx.input(np.zeros((2, 3), np.float32))
+    before = cg.stats()["nodes"], len(cg.val_node)
+    with pytest.raises(error, match=match):
+        call(x)
+    assert (cg.stats()["nodes"], len(cg.val_node)) == before

@@ -814,3 +814,22 @@ def test_class_factored_takes_a_mapping_and_labels_as_other_ops_do():
     for bad in (True, 1.0, "1"):
         with pytest.raises(IndexError, match="label must be an integer"):
             as_dict.neg_log_softmax(h, bad)
+
+
+@pytest.mark.parametrize("builder", [SOFT, CLASS_SOFT], ids=["standard", "class_factored"])
+def test_softmax_sample_follows_the_distribution(builder):
+    """``sample(h)`` draws words with the model's probabilities (Gumbel-max with the graph's
+    seeded noise: a fixed seed gives the same draws)."""
+    h = 3.0 * _rand(HID)
+    n = 600
+
+    def draws(seed):
+        cg = dx.renew_cg(seed=seed)
+        p = np.exp(builder.full_log_distribution(dx.input(h)).npvalue())
+        return p, [builder.sample(dx.input(h)) for _ in range(n)], cg
+
+    p, got, cg = draws(1)
+    assert all(isinstance(w, int) for w in got)
+    freq = np.bincount(got, minlength=VOCAB) / n
+    np.testing.assert_allclose(freq, p, atol=0.06)  # 3.3 standard errors at p = 0.5
+    assert draws(1)[1] == got and draws(2)[1] != got

@@ -3,6 +3,7 @@
 Both give ``neg_log_softmax(h, label)`` (a scalar loss Expression) and
 ``full_log_distribution(h)`` (log-probabilities over the whole vocabulary, shape ``(vocab,)``).
 Labels are per-instance integers, so losses with different labels batch together.
+``sample(h)`` draws a word from ``p(· | h)``, as DyNet's.
 """
 from __future__ import annotations
 
@@ -51,6 +52,17 @@ class StandardSoftmaxBuilder:
     def full_log_distribution(self, h) -> Expression:
         """``log p(· | h)`` over the whole vocabulary (shape ``(vocab,)``)."""
         return ops.log_softmax(self.full_logits(h))
+
+    def sample(self, h) -> int:
+        """A word drawn from ``p(· | h)`` (see ``_gumbel_max``)."""
+        return _gumbel_max(self.full_log_distribution(h))
+
+
+def _gumbel_max(log_p: Expression) -> int:
+    """A draw from ``exp(log_p)``: the argmax of ``log_p`` plus Gumbel noise (Gumbel-max).
+    The noise is ``dx.random_gumbel``, drawn from the graph's seed, so a fixed seed
+    reproduces the draws. Reading the result computes what the graph has pending."""
+    return int(np.argmax((log_p + ops.random_gumbel(log_p.shape)).npvalue()))
 
 
 def _affine_nll(h, W, b, label):
@@ -164,6 +176,10 @@ class ClassFactoredSoftmaxBuilder:
     def full_log_distribution(self, h) -> Expression:
         """``log p(w | h)`` for every word ``w`` (shape ``(vocab,)``), as one node."""
         return self._full(self._h(h), *self._full_params)
+
+    def sample(self, h) -> int:
+        """A word drawn from ``p(· | h)`` (see ``_gumbel_max``)."""
+        return _gumbel_max(self.full_log_distribution(h))
 
 
 def _full_log_distribution_fn(class_sizes, word_to_class, word_pos):

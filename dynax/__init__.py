@@ -18,9 +18,10 @@ from .ops.core import (abs, add, affine_transform, average, binary_log_loss, cdi
                        ones, parameter, pick, pickneglogsoftmax, random_bernoulli, random_gumbel,
                        random_normal, random_uniform, rectify, reshape, softmax, sqrt, square,
                        squared_distance, sub, sum_elems, tanh, transpose, zeros)
-from .ops.extra import (bmax, bmin, cube, elu, erf, flip_gradient, l1_distance, l2_norm,
-                        log_sigmoid, logsumexp_dim, max_dim, mean_dim, mean_elems, min_dim,
-                        nobackprop, pick_range, pow, selu, softsign, sum_dim)
+from .ops.extra import (bmax, bmin, const_lookup, const_parameter, cube, elu, erf,
+                        flip_gradient, l1_distance, l2_norm, log_sigmoid, logsumexp_dim, max_dim,
+                        mean_dim, mean_elems, min_dim, nobackprop, pick_range, pow, selu,
+                        softsign, sum_dim)
 from .ops.function import Function, function
 
 

@@ -522,3 +522,61 @@ def test_a_trainer_refuses_what_is_not_an_optax_transform(bad):
     if bad is optax.adam:
         with pytest.raises(TypeError, match=r"call it: optax.adam\(1e-3\)"):
             dx.Trainer(pc, bad)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_frozen_parameters_are_left_alone_as_in_dynet(sparse):
+    """``p.set_updated(False)``: the trainer leaves p's value as it is, drops its gradient, and
+    the others follow Optax's trajectory with p held constant (clipping ignores p); after
+    ``set_updated(True)`` p moves again, from fresh moments."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3,), name="W")
+    E = pc.add_lookup_parameters((4, 3), name="E")
+    V = pc.add_parameters((3,), name="V")
+    trainer = dx.Trainer(pc, optax.adam(0.1), sparse_updates=sparse, clip_threshold=0.5)
+    with pytest.raises(dx.InvalidArgumentError, match="set_updated of V: expected a bool"):
+        V.set_updated(0)
+    V.set_updated(False)
+    E.set_updated(False)
+    assert not V.is_updated() and W.is_updated()
+    start = {"W": W.value, "E": np.array(E.value), "V": np.array(V.value)}
+
+    def build():
+        dx.renew_cg()
+        return dx.esum([dx.sum_elems(dx.tanh(W) * 3.0), dx.sum_elems(dx.cmult(V, W)),
+                        dx.sum_elems(dx.tanh(E[1]))])
+
+    for _ in range(3):
+        build().backward()
+        trainer.update()
+        assert not np.asarray(V.grad).any() and not np.asarray(E.grad).any()
+    np.testing.assert_array_equal(V.value, start["V"])
+    np.testing.assert_array_equal(E.value, start["E"])
+
+    def ref(p, rows):
+        return jnp.sum(jnp.tanh(p["W"]) * 3.0) + jnp.sum(start["V"] * p["W"])
+
+    tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(0.1))
+    want = optax_reference(tx, {"W": start["W"]}, [None] * 3, ref)
+    np.testing.assert_allclose(W.value, want["W"], rtol=1e-5, atol=1e-6)
+    V.set_updated(True)
+    build().backward()
+    trainer.update()
+    assert not np.allclose(V.value, start["V"])
+    np.testing.assert_array_equal(E.value, start["E"])
+
+
+def test_const_parameter_and_const_lookup_pass_no_gradient():
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3,), name="W")
+    E = pc.add_lookup_parameters((4, 3), name="E")
+    dx.renew_cg()
+    loss = dx.sum_elems(dx.cmult(dx.const_parameter(W), E[2])) \
+        + dx.sum_elems(dx.cmult(W, dx.const_lookup(E, 1)))
+    loss.backward()
+    e, w = np.asarray(E.value), np.asarray(W.value)
+    np.testing.assert_allclose(loss.scalar_value(), float(w @ e[2] + w @ e[1]), rtol=1e-6)
+    np.testing.assert_allclose(W.grad, e[1], rtol=1e-6)  # through the plain W only
+    want = np.zeros((4, 3), np.float32)
+    want[2] = w  # row 2 read plainly; row 1 through const_lookup
+    np.testing.assert_allclose(E.grad, want, rtol=1e-6)

@@ -68,7 +68,7 @@ class Parameter(Operators):
     """A trainable array, usable directly inside expressions (``W @ x``)."""
 
     __slots__ = ("name", "shape", "dtype", "_value", "_grad", "_has_grad", "_exported",
-                 "__weakref__")
+                 "updated", "__weakref__")
 
     def __init__(self, name: str, value: jax.Array):
         self.name = name
@@ -80,6 +80,7 @@ class Parameter(Operators):
         # Trainers update values in place (the old array is donated to the step); once the
         # user holds the current array (``value``), the next update works on a copy instead.
         self._exported = False
+        self.updated = True  # trainers skip it when False (DyNet's set_updated)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r}, shape={self.shape})"
@@ -109,6 +110,20 @@ class Parameter(Operators):
     def npvalue(self) -> np.ndarray:
         """A NumPy copy of the current value."""
         return np.array(self._value)
+
+    def set_updated(self, updated: bool) -> None:
+        """Freeze (``False``) or unfreeze the parameter, as DyNet's ``set_updated``: trainers
+        leave a frozen parameter's value alone and drop the gradient it accumulates, and it
+        takes no part in gradient clipping. Its optimizer state is dropped with it: after
+        unfreezing, its moments start again from zero (the others keep theirs)."""
+        if not isinstance(updated, (bool, np.bool_)):
+            raise InvalidArgumentError(f"set_updated of {self.name}: expected a bool, got "
+                                       f"{updated!r}")
+        self.updated = bool(updated)
+
+    def is_updated(self) -> bool:
+        """Whether trainers update this parameter (see ``set_updated``)."""
+        return self.updated
 
     @property
     def grad(self) -> jax.Array:

@@ -192,7 +192,12 @@ class Trainer:
 
         Does nothing when no gradient was accumulated since the last update.
         """
-        params = self.pc.parameters()
+        params = []
+        for p in self.pc.parameters():
+            if p.updated:
+                params.append(p)
+            elif p._has_grad:  # frozen (p.set_updated(False)): its gradient is dropped
+                p.zero_grad()
         if not any(p._has_grad for p in params):
             return
         with compiles_count_for_current_graph():

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import jax.scipy.special
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError
-from .core import _all_same, _apply, _binary, _binop, _shape, _single, _unary
+from .core import (_all_same, _apply, _binary, _binop, _shape, _single, _unary, lookup,
+                   parameter)
 from .registry import CHEAP, OpDef
 
 # ---- elementwise ---------------------------------------------------------------------------------
@@ -71,6 +72,16 @@ def nobackprop(x):
 def flip_gradient(x):
     """The value of ``x``; the gradient flowing back through it is negated."""
     return _apply(FLIP_GRADIENT, x)
+
+
+def const_parameter(p):
+    """A parameter's value as an expression no gradient flows back from (DyNet's)."""
+    return nobackprop(parameter(p))
+
+
+def const_lookup(table, i):
+    """Row ``i`` of a lookup table, with no gradient flowing back into the table (DyNet's)."""
+    return nobackprop(lookup(table, i))
 
 
 def bmax(a, b):
@@ -200,6 +211,6 @@ def l1_distance(a, b):
     return _apply(L1_DISTANCE, a, b)
 
 
-__all__ = ["bmax", "bmin", "cube", "elu", "erf", "flip_gradient", "l1_distance", "l2_norm",
+__all__ = ["bmax", "bmin", "const_lookup", "const_parameter", "cube", "elu", "erf", "flip_gradient", "l1_distance", "l2_norm",
            "log_sigmoid", "logsumexp_dim", "max_dim", "mean_dim", "mean_elems", "min_dim",
            "nobackprop", "pick_range", "pow", "selu", "softsign", "sum_dim"]

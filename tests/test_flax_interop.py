@@ -315,7 +315,8 @@ def test_call_keywords_are_static_and_batched_apart(strategy):
     grads = jax.tree_util.tree_leaves(jax.grad(ref)(params))
     for p, g in zip(block.params, grads, strict=True):
         np.testing.assert_allclose(np.asarray(p.grad), np.asarray(g), err_msg=p.name, **TOL)
-    with pytest.raises(TypeError, match=r"keyword argument scale=array.* are static"):
+    with pytest.raises(dx.ArgumentTypeError,
+                       match=r"keyword argument scale=array.* of type ndarray.* are static"):
         block(dx.input(XS[0]), scale=np.ones(2))
     with pytest.raises(ValueError, match="Switched failed .*train=False, zoom=2"):
         block(dx.input(XS[0]), zoom=2)
@@ -335,3 +336,33 @@ def test_nnx_call_keywords():
     one, two = block(dx.input(XS[1])), block(dx.input(XS[1]), double=True)
     np.testing.assert_allclose(two.npvalue(), 2 * one.npvalue(), **TOL)
     np.testing.assert_allclose(one.npvalue(), np.asarray(module(XS[1])), **TOL)
+
+
+class Head(nn.Module):
+    """An int ``k`` keeps the first k outputs, a float scales them: equal values of different
+    types (2 and 2.0) are different settings."""
+
+    @nn.compact
+    def __call__(self, x, k=2):
+        y = nn.Dense(OUT)(x)
+        return y[:k] if isinstance(k, int) else y * k
+
+
+def test_equal_keyword_values_of_different_types_are_different_settings():
+    x = XS[0]
+    block = dx.nn.from_flax(Head(), dx.ParameterCollection(seed=0), x)
+    dx.renew_cg()
+    as_float, as_int, nan_1, nan_2 = (block(dx.input(x), k=2.0), block(dx.input(x), k=2),
+                                      block(dx.input(x), k=float("nan")),
+                                      block(dx.input(x), k=float("nan")))
+    assert (as_float.shape, as_int.shape) == ((OUT,), (2,))
+    # the default, 2.0, 2 and nan: the second nan call reuses the first's setting
+    assert nan_1.shape == (OUT,) and len(block._variants) == 4
+    want = Head().apply(block.flax_variables(), x, k=2.0)
+    np.testing.assert_allclose(as_float.npvalue(), np.asarray(want), **TOL)
+    # blocks of equal modules share kernels per setting, not across 2 and 2.0
+    b2 = dx.nn.from_flax(Head(), dx.ParameterCollection(seed=0), x, call_kwargs={"k": 2.0})
+    b3 = dx.nn.from_flax(Head(), dx.ParameterCollection(seed=0), x, call_kwargs={"k": 2})
+    assert (b2.output_shapes, b3.output_shapes) == ([(OUT,)], [(2,)])
+    dx.renew_cg()
+    np.testing.assert_allclose(b3(dx.input(x)).npvalue(), np.asarray(want)[:2] / 2.0, **TOL)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import ArgumentTypeError, ShapeError
 from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.core import atomic
@@ -66,15 +66,15 @@ def _unflattener(treedef, shapes, dtypes):
 
 def _block_function(call, unflatten, n_in, n_out, label, kwargs) -> Function:
     """The single-instance ``(inputs..., parameter leaves...) -> output leaves`` as a node
-    type; ``kwargs`` (static keyword arguments of the module's call) are part of it."""
-    kw = dict(kwargs)
+    type; ``kwargs`` (the static keyword arguments of the module's call) are part of it."""
+    kw = dict(kwargs.items)
 
     def apply(*args):
         outs = jax.tree_util.tree_leaves(call(unflatten(args[n_in:]), args[:n_in], kw))
         outs = [o.astype(jnp.float32) for o in outs]  # dynax values are float32
         return outs[0] if n_out == 1 else tuple(outs)
 
-    suffix = "".join(f",{k}={v!r}" for k, v in kwargs)
+    suffix = "".join(f",{k}={v!r}" for k, v in kwargs.items)
     apply.__qualname__ = apply.__name__ = f"flax:{label}{suffix}"
     return Function(apply)
 
@@ -88,7 +88,25 @@ _STATIC_TYPES = (bool, int, float, str, type(None), np.bool_, np.integer, np.flo
 _SHARED_FUNCTIONS: dict = {}
 
 
-_jitted_init = jax.jit(lambda module, kw, key, *xs: module.init(key, *xs, **dict(kw)),
+class _Keywords:
+    """Static keyword arguments of a module's call, hashed and compared by each value's type
+    and repr: ``2``, ``2.0`` and ``True`` are different settings (equal as dict keys, they
+    would share a kernel), and ``nan`` equals itself (else every call would compile)."""
+
+    __slots__ = ("items", "_key")
+
+    def __init__(self, items: tuple):
+        self.items = items
+        self._key = tuple((k, type(v), repr(v)) for k, v in items)
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Keywords) and self._key == other._key
+
+
+_jitted_init = jax.jit(lambda module, kw, key, *xs: module.init(key, *xs, **dict(kw.items)),
                        static_argnums=(0, 1))
 
 
@@ -98,22 +116,22 @@ def _init(module, kwargs, key, *xs):
     try:
         hash(module)
     except TypeError:
-        return jax.jit(lambda key, *xs: module.init(key, *xs, **dict(kwargs)))(key, *xs)
+        return jax.jit(lambda key, *xs: module.init(key, *xs, **dict(kwargs.items)))(key, *xs)
     return _jitted_init(module, kwargs, key, *xs)
 
 
-def _with_kwargs(items) -> str:
-    return "".join(f", {k}={v!r}" for k, v in items)
+def _with_kwargs(kw) -> str:
+    return "".join(f", {k}={v!r}" for k, v in kw.items)
 
 
-def _static_kwargs(who, kwargs) -> tuple:
-    """Keyword arguments as a sorted tuple of items, each value a static scalar."""
+def _static_kwargs(who, kwargs) -> _Keywords:
+    """Keyword arguments, sorted by name, each value a static scalar."""
     for k, v in kwargs.items():
         if not isinstance(v, _STATIC_TYPES):
-            raise TypeError(f"{who}: keyword argument {k}={v!r} is a {type(v).__name__}; a "
-                            "block's keyword arguments are static: Python scalars, strings "
-                            "or None")
-    return tuple(sorted(kwargs.items()))
+            raise ArgumentTypeError(
+                f"{who}: keyword argument {k}={v!r} is of type {type(v).__name__}; a block's "
+                "keyword arguments are static: Python scalars, strings or None")
+    return _Keywords(tuple(sorted(kwargs.items())))
 
 
 class FlaxBlock:
@@ -136,7 +154,7 @@ class FlaxBlock:
         self.input_shapes = input_shapes
         self._variant, self._unflatten = variant, unflatten
         kwargs, self._default = defaults
-        self._call_kwargs = dict(kwargs)
+        self._call_kwargs = dict(kwargs.items)
         # the call's keywords (sorted items) -> (Function, output treedef, output shapes)
         self._variants = {kwargs: self._default}
         self.output_shapes = self._default[2]
@@ -237,7 +255,8 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
 
     Raises:
       ValueError: the module fails on the example input, or has non-float parameters or
-        outputs. Calling the block with inputs of other shapes than the example's raises
+        outputs; ``dx.ArgumentTypeError`` (a ``ValueError``): a keyword value that is not
+        static (a list, an array), here or in a call of the block. Calling the block with inputs of other shapes than the example's raises
         ``dx.ShapeError`` (a ``ValueError``). An example with a batch dimension is not
         detected where the module accepts any leading shape (``nn.Dense``): the block then
         takes a whole batch as one instance, so give ONE example.
@@ -319,7 +338,7 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
         try:
             out = jax.eval_shape(
                 lambda tree, *xs: call(jax.tree_util.tree_unflatten(treedef, tree), xs,
-                                       dict(kwargs)), leaf_structs, *examples)
+                                       dict(kwargs.items)), leaf_structs, *examples)
         except Exception as e:
             raise ValueError(f"from_flax: {kind} failed on an example input of shape {shapes}"
                              f"{with_kw} (one example, no batch dimension): "

@@ -833,3 +833,14 @@ def test_softmax_sample_follows_the_distribution(builder):
     freq = np.bincount(got, minlength=VOCAB) / n
     np.testing.assert_allclose(freq, p, atol=0.06)  # 3.3 standard errors at p = 0.5
     assert draws(1)[1] == got and draws(2)[1] != got
+
+
+@pytest.mark.parametrize("bad", [lambda: 3, lambda: None, lambda: "h",
+                                 lambda: np.ones(HID, np.float32),  # one vector, not a list
+                                 lambda: dx.input(np.ones(HID, np.float32))])
+def test_set_h_takes_a_list(bad):
+    dx.renew_cg()
+    s = BUILDERS[dx.nn.GRUBuilder].initial_state()
+    with pytest.raises(dx.ArgumentTypeError,
+                       match="GRUBuilder state.set_h: expected a list of 1 vectors, got"):
+        s.set_h(bad())

@@ -129,3 +129,30 @@ def test_further_ops_check_their_arguments(call, error, match):
     with pytest.raises(error, match=match):
         call(x)
     assert (cg.stats()["nodes"], len(cg.val_node)) == before
+
+
+def test_random_ops_refuse_a_dx_function_body_and_huge_shapes():
+    """Inside a @dx.function's body a random op would add a node to the graph while the body
+    is traced: refused, naming the op and what to do, and nothing is added. A shape XLA
+    cannot index is refused at construction (it used to fail the whole graph later)."""
+    @dx.function
+    def noisy(x):
+        return x + dx.random_normal(3)
+
+    @dx.function
+    def tanh_inside(x):
+        return dx.tanh(x)
+
+    cg = dx.renew_cg()
+    x = dx.input(np.ones(3, np.float32))
+    before = cg.stats()["nodes"], len(cg.val_node)
+    with pytest.raises(dx.ArgumentTypeError, match="random_normal: dynax ops build graph "
+                                                   "nodes.*jax.random"):
+        noisy(x)
+    with pytest.raises(dx.ArgumentTypeError, match="tanh: dynax ops build graph nodes"):
+        tanh_inside(x)
+    with pytest.raises(dx.InvalidArgumentError, match=r"random_uniform: shape \(100000, "
+                                                      r"100000\) has more than 2147483647"):
+        dx.random_uniform((100000, 100000), 0.0, 1.0)
+    assert (cg.stats()["nodes"], len(cg.val_node)) == before
+    np.testing.assert_allclose((x * 2.0).npvalue(), 2.0)  # the graph still computes

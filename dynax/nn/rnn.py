@@ -235,7 +235,9 @@ class RNNState:
             raise StaleExpressionError(f"{who}: this state belongs to a computation graph "
                                        "replaced by dx.renew_cg()")
         L, n = len(self.layers), len(self.layers[0])
-        es = list(es)
+        if not isinstance(es, (list, tuple)):
+            raise ArgumentTypeError(f"{who}: expected a list of {(n - first) * L} vectors, "
+                                    f"got {type(es).__name__}")
         if len(es) != (n - first) * L:
             raise InvalidArgumentError(f"{who}: expected {(n - first) * L} vectors "
                                        f"({n - first} per layer for {L} layers), got {len(es)}")

@@ -18,7 +18,7 @@ from ..errors import ArgumentTypeError, DTypeError, InvalidArgumentError, ShapeE
 from ..graph.computation_graph import _local, current_graph
 from ..graph.appenders import append_node
 from ..graph.expression import Expression
-from .registry import CHEAP, HEAVY, INDEX_LIMIT, OpDef, akey_of
+from .registry import CHEAP, HEAVY, INDEX_LIMIT, OpDef, akey_of, in_traced_body
 
 FLOAT = np.dtype(np.float32)
 
@@ -36,10 +36,19 @@ def _kind(x, opname):
         return "p", x
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
         return "s", float(x)
+    if isinstance(x, jax.core.Tracer):
+        raise _traced_error(opname)
     if isinstance(x, (np.ndarray, jax.Array)):
         return "v", input(x)
     raise ArgumentTypeError(f"{opname}: unsupported argument of type {type(x).__name__}; "
                             "expected an Expression, a Parameter, a number or an array")
+
+
+def _traced_error(opname) -> ArgumentTypeError:
+    return ArgumentTypeError(
+        f"{opname}: dynax ops build graph nodes, so they cannot run on traced JAX values "
+        "(inside a @dx.function's body, or under jax.jit / jax.grad); use jax.numpy there, "
+        "and draw random values with jax.random from a key passed in as an argument")
 
 
 def atomic(fn):
@@ -173,6 +182,8 @@ def input(value) -> Expression:  # noqa: A001  (DyNet's name)
 
     Non-finite entries are allowed; non-numeric, complex and object dtypes are not.
     """
+    if isinstance(value, jax.core.Tracer):
+        raise _traced_error("input")
     try:
         arr = np.asarray(value)
     except (TypeError, ValueError) as e:  # ragged lists, Expressions inside a list, ...
@@ -386,13 +397,22 @@ RANDOM_GUMBEL = _random_op(
     "random_gumbel", lambda key, shape, mu, beta: mu + beta * jax.random.gumbel(key, shape))
 
 
+MAX_RANDOM_ELEMENTS = 2 ** 31 - 1  # XLA indexes an array's elements with int32
+
+
 def _random(op, shape, a, b):
     """A node of the random ``op``; ``shape`` an int or a tuple of positive ints."""
+    if in_traced_body():
+        raise _traced_error(op.name)
     dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
     if not isinstance(dims, (tuple, list)) or any(
             isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
         raise InvalidArgumentError(f"{op.name}: shape must be a positive int or a tuple of "
                                    f"them, got {shape!r}")
+    if np.prod(dims, dtype=np.float64) > MAX_RANDOM_ELEMENTS:  # would fail at run time, and
+        # take the graph's other values with it
+        raise InvalidArgumentError(f"{op.name}: shape {tuple(dims)} has more than "
+                                   f"{MAX_RANDOM_ELEMENTS} elements")
     g = current_graph()
     return _node(op, "iisss", [g.seed, len(g.node_sig), tuple(int(d) for d in dims), a, b])
 
@@ -414,9 +434,11 @@ def random_normal(shape, mean: float = 0.0, stddev: float = 1.0) -> Expression:
     """Samples of N(mean, stddev^2) of ``shape`` (DyNet's ``random_normal``).
 
     Random in every graph (``train=False`` included), drawn from the graph's seed and the
-    node's id: a fixed ``dx.renew_cg(seed=...)`` reproduces them, under every strategy. The
-    parameters are static (part of the signature); to learn them, scale and shift a standard
-    sample: ``mu + dx.cmult(sigma, dx.random_normal(d))``.
+    node's id: a fixed ``dx.renew_cg(seed=...)`` reproduces them, under every strategy.
+    ``mean`` and ``stddev`` are static (part of the signature), so each new value compiles a
+    new kernel; to learn or anneal them, scale and shift a standard sample instead:
+    ``mu + dx.cmult(sigma, dx.random_normal(d))``. Inside a ``@dx.function`` body, draw
+    with ``jax.random`` from a key passed in.
     """
     return _random(RANDOM_NORMAL, shape, _real("random_normal", "mean", mean),
                    _real("random_normal", "stddev", stddev, 0.0, np.inf))

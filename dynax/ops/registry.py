@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import ArgumentTypeError, ShapeError
+from ..errors import ArgumentTypeError, DynaxError, ShapeError
 
 CHEAP, HEAVY = 0, 1
 INDEX_LIMIT = 2**31 - 1  # int32: the bound of an 'i' argument with no op-specific one
@@ -145,6 +145,15 @@ def describe(kinds: str, key_items: tuple) -> str:
 
 
 # errors of a function's own code under tracing (TypeErrors to Python, but not shape errors)
+_BODY = threading.local()  # depth of op functions being traced for their output shapes
+
+
+def in_traced_body() -> bool:
+    """Whether this thread is tracing an op's function (a ``@dx.function`` body), where
+    graph ops must not add nodes."""
+    return getattr(_BODY, "depth", 0) > 0
+
+
 _TRACING_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
                    jax.errors.TracerIntegerConversionError, jax.errors.UnexpectedTracerError)
 
@@ -199,14 +208,17 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
             args[i] = a
         return abstract(*args)
 
+    _BODY.depth = getattr(_BODY, "depth", 0) + 1
     try:
         out = jax.eval_shape(call, *[avals[i] for i in shaped_positions])
-    except _TRACING_ERRORS:  # Python control flow on a traced value, with JAX's own advice
-        raise
+    except (*_TRACING_ERRORS, DynaxError):  # Python control flow on a traced value, with
+        raise  # JAX's own advice; a dynax op used inside the body, with its own
     except (TypeError, ValueError) as e:  # what JAX raises on incompatible shapes; any
         # other exception is a bug in the function itself and reaches the user as it is
         raise ShapeError(f"{op.name}: incompatible arguments ({describe(kinds, key_items)}): "
                          f"{str(e).splitlines()[0]}") from e
+    finally:
+        _BODY.depth -= 1
     multi = isinstance(out, (tuple, list))
     outs = tuple(out) if multi else (out,)
     for o in outs:

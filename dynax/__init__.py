@@ -12,16 +12,21 @@ from .errors import (ArgumentTypeError, DTypeError, DynaxError, IndexOutOfRangeE
 from .graph import ComputationGraph, Expression, current_graph, renew_cg
 from .nn import (AdagradTrainer, AdamTrainer, LookupParameter, MomentumSGDTrainer, Parameter,
                  ParameterCollection, RMSPropTrainer, SimpleSGDTrainer, Trainer, load, save)
+# DyNet spells the builders at the top level (dy.LSTMBuilder); they live in dx.nn
+from .nn import (BiRNNBuilder, ClassFactoredSoftmaxBuilder, GRUBuilder, LSTMBuilder,
+                 SimpleRNNBuilder, StandardSoftmaxBuilder, VanillaLSTMBuilder)
 from .ops.core import (abs, add, affine_transform, average, binary_log_loss, cdiv, cmult,
                        concatenate, concatenate_cols, div, dot_product, dropout, emax, esum, exp,
-                       hinge, input, log, log_softmax, logistic, lookup, matmul, mul, negate,
-                       ones, parameter, pick, pickneglogsoftmax, random_bernoulli, random_gumbel,
-                       random_normal, random_uniform, rectify, reshape, softmax, sqrt, square,
-                       squared_distance, sub, sum_elems, tanh, transpose, zeros)
-from .ops.extra import (bmax, bmin, const_lookup, const_parameter, cube, elu, erf,
-                        flip_gradient, l1_distance, l2_norm, log_sigmoid, logsumexp_dim, max_dim,
-                        mean_dim, mean_elems, min_dim, nobackprop, pick_range, pow, selu,
-                        softsign, sum_dim)
+                       hinge, input, inputTensor, inputVector, log, log_softmax, logistic,
+                       lookup, matmul, mul, negate, ones, parameter, pick, pickneglogsoftmax,
+                       random_bernoulli, random_gumbel, random_normal, random_uniform, rectify,
+                       reshape, scalarInput, softmax, sqrt, square, squared_distance, sub,
+                       sum_elems, tanh, transpose, zeros)
+from .ops.extra import (bmax, bmin, colwise_add, const_lookup, const_parameter, cube, elu, erf,
+                        flip_gradient, l1_distance, l2_norm, log_sigmoid, logsumexp,
+                        logsumexp_dim, max_dim, mean_dim, mean_elems, min_dim, nobackprop, noise,
+                        pick_range, pow, select_cols, select_rows, selu, softsign, squared_norm,
+                        sum_dim)
 from .ops.function import Function, function
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 
 class Operators:
-    """Mixin: ``+ - * / @`` (either side may be a Python number for ``+ - * /``) and unary
-    ``-``, each appending one node to the current graph."""
+    """Mixin: ``+ - * / ** @`` (either side may be a Python number for ``+ - * / **``) and
+    unary ``-``, each appending one node to the current graph."""
 
     __slots__ = ()
 
@@ -35,6 +35,14 @@ class Operators:
 
     def __rtruediv__(self, other):
         return _ops.div(other, self)
+
+    def __pow__(self, other):
+        from .ops.extra import pow as power  # extra imports core, which imports this module
+        return power(self, other)
+
+    def __rpow__(self, other):
+        from .ops.extra import pow as power
+        return power(other, self)
 
     def __neg__(self):
         return _ops.negate(self)

@@ -119,6 +119,21 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
     (lambda x: dx.l1_distance(x, np.ones(3, np.float32)), dx.ShapeError,
      r"l1_distance: all arguments must have the same shape, got \(2, 3\), \(3,\)"),
     (lambda x: dx.bmax(x, np.ones(3, np.float32)), dx.ShapeError, r"bmax: shapes"),
+    (lambda x: dx.select_rows(x, [0, 2]), dx.IndexOutOfRangeError,
+     r"select_rows: index 2 out of range \[0, 2\) for shape \(2, 3\)"),
+    (lambda x: dx.select_cols(x, []), dx.InvalidArgumentError, r"select_cols: expected a "
+                                                                r"non-empty list of ints"),
+    (lambda x: dx.colwise_add(x, np.ones(3, np.float32)), dx.ShapeError,
+     r"colwise_add: expected a matrix \(n, m\) and a vector \(n,\), got \(2, 3\) and \(3,\)"),
+    (lambda x: dx.logsumexp([x, x]), dx.ShapeError, r"logsumexp: expected scalars or vectors"),
+    (lambda x: dx.logsumexp([]), dx.InvalidArgumentError, r"logsumexp: expected a non-empty"),
+    (lambda x: dx.noise(x, -1.0), dx.InvalidArgumentError, r"noise: stddev must be"),
+    (lambda x: x * np.ones(3, np.float32), dx.ShapeError,
+     r"cmult: .*`\*` multiplies elementwise here .* is `W @ x`"),
+    (lambda x: dx.inputVector(np.ones((2, 2))), dx.ShapeError, r"inputVector: expected a vector"),
+    (lambda x: dx.inputTensor(np.ones(2), batched=True), dx.InvalidArgumentError,
+     r"inputTensor: batched=True"),
+    (lambda x: dx.scalarInput("a"), dx.DTypeError, r"scalarInput: expected a number"),
 ])
 def test_further_ops_check_their_arguments(call, error, match):
     """The ops of dynax/ops/extra.py (values and gradients: tests/test_ops.py) fail at
@@ -156,3 +171,55 @@ def test_random_ops_refuse_a_dx_function_body_and_huge_shapes():
         dx.random_uniform((100000, 100000), 0.0, 1.0)
     assert (cg.stats()["nodes"], len(cg.val_node)) == before
     np.testing.assert_allclose((x * 2.0).npvalue(), 2.0)  # the graph still computes
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_noise_adds_seeded_gaussian_noise_and_passes_the_gradient(strategy):
+    pc = dx.ParameterCollection(seed=0)
+    A = pc.add_parameters((2000,), init="normal")
+    w = np.random.default_rng(1).standard_normal(2000).astype(np.float32)
+    dx.renew_cg(autobatch=strategy, seed=5)
+    noisy = [dx.noise(A, 0.5), dx.noise(A * 2.0, 0.5)]
+    loss = dx.dot_product(noisy[0] + noisy[1], dx.input(w))
+    loss.backward()
+    a = np.asarray(A.value)
+    eps = [noisy[0].npvalue() - a, noisy[1].npvalue() - 2 * a]
+    assert abs(eps[0].std() - 0.5) < 0.03 and abs(eps[0].mean()) < 0.03
+    assert not np.allclose(eps[0], eps[1])  # each node its own draw
+    np.testing.assert_allclose(A.grad, 3.0 * w, rtol=1e-6)  # d/dA of the identity plus noise
+    first = noisy[0].npvalue()
+    dx.renew_cg(autobatch="none", seed=5)  # the same seed and node: the same draw
+    np.testing.assert_allclose(dx.noise(A, 0.5).npvalue(), first, rtol=1e-6)
+
+
+def test_dynet_spellings():
+    """The names a DyNet program uses: top-level builders, DyNet's input constructors,
+    vec_value, ``**``, lookup(update=False), trainer clipping and status."""
+    assert dx.LSTMBuilder is dx.nn.LSTMBuilder is dx.VanillaLSTMBuilder
+    assert dx.BiRNNBuilder is dx.nn.BiRNNBuilder and dx.GRUBuilder is dx.nn.GRUBuilder
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((5, 3), name="E")
+    W = pc.add_parameters((3,), name="W")
+    dx.renew_cg()
+    x = dx.inputVector([1.0, 2.0, 3.0])
+    assert x.vec_value() == [1.0, 2.0, 3.0] and dx.scalarInput(2).value() == 2.0
+    assert dx.inputTensor(np.ones((2, 2))).vec_value() == [1.0] * 4
+    assert (x ** 2).vec_value() == [1.0, 4.0, 9.0] and (2.0 ** x).vec_value() == [2.0, 4.0, 8.0]
+    loss = dx.sum_elems(dx.cmult(dx.lookup(E, 1, update=False), W)) + dx.sum_elems(E[2])
+    loss.backward()
+    grad = np.asarray(E.grad)
+    assert not grad[1].any() and grad[2].all()  # row 1 was read with update=False
+    trainer = dx.AdamTrainer(pc)
+    assert trainer.get_clip_threshold() == 0.0
+    trainer.set_clip_threshold(5)
+    assert trainer.get_clip_threshold() == 5.0 and trainer.clip_threshold == 5.0
+    trainer.set_clip_threshold(0)
+    assert trainer.clip_threshold is None
+    with pytest.raises(ValueError, match="threshold must be a finite number >= 0"):
+        trainer.set_clip_threshold(-1)
+    trainer.set_sparse_updates(True)
+    assert trainer.sparse_updates
+    with pytest.raises(dx.ArgumentTypeError, match="set_sparse_updates: expected a bool"):
+        trainer.set_sparse_updates(1)
+    with pytest.raises(dx.ArgumentTypeError, match="lookup: update must be True or False"):
+        dx.lookup(E, 1, update=0)

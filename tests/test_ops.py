@@ -24,7 +24,7 @@ N = 3  # instances per graph: batches of 3 run padded to 4 lanes, so padding is 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-# ---- helpers -------------------------------------------------------------------------------------
+# ---- helpers ------------------------------------------------------------------------------------
 
 def inp(a):
     return dx.input(a)
@@ -120,7 +120,7 @@ def vec_data(gen=normal):
     return lambda r, k: {"x": gen(r, 3), "y": gen(r, 3)}
 
 
-# ---- arithmetic: + - * / --------------------------------------------------------------------------
+# ---- arithmetic: + - * / ------------------------------------------------------------------------
 # Expression with Expression, with a Parameter, with a Python number on either side (a
 # Parameter on the left: see cdiv_param_expr).
 
@@ -142,7 +142,7 @@ case("mul_vector_by_scalar_expr", A3, vec_data(),  # a 0-d expression broadcasts
      lambda V, d: (d["x"] + V["A"]) * jnp.sum(d["y"] * V["A"]))
 case("neg_expr", A3, vec_data(), lambda P, d: -ev(P, d["x"]), lambda V, d: -(d["x"] + V["A"]))
 
-# ---- matmul ---------------------------------------------------------------------------------------
+# ---- matmul -------------------------------------------------------------------------------------
 
 case("matmul_mv_param_expr", M23, vec_data(),
      lambda P, d: P["M"] @ inp(d["x"]), lambda V, d: V["M"] @ d["x"])
@@ -153,7 +153,7 @@ case("matmul_mv_expr_expr", {**M23, **A3},
      lambda P, d: em(P, d["X"]) @ ev(P, d["x"]),
      lambda V, d: (d["X"] + V["M"]) @ (d["x"] + V["A"]))
 
-# ---- unary elementwise ----------------------------------------------------------------------------
+# ---- unary elementwise --------------------------------------------------------------------------
 
 for _name, _f, _g in (("tanh", dx.tanh, jnp.tanh), ("logistic", dx.logistic, jax.nn.sigmoid),
                       ("rectify", dx.rectify, jax.nn.relu), ("exp", dx.exp, jnp.exp),
@@ -164,7 +164,7 @@ for _name, _f, _g in (("tanh", dx.tanh, jnp.tanh), ("logistic", dx.logistic, jax
 case("tanh_param", A3, lambda r, k: {}, lambda P, d: dx.tanh(P["A"]),
      lambda V, d: jnp.tanh(V["A"]))
 
-# ---- cmult / cdiv ---------------------------------------------------------------------------------
+# ---- cmult / cdiv -------------------------------------------------------------------------------
 
 case("cmult_expr_expr", A3, vec_data(),
      lambda P, d: dx.cmult(ev(P, d["x"]), inp(d["y"]) * P["A"]),
@@ -177,12 +177,12 @@ case("cdiv_expr_expr", AP3, vec_data(positive),
 case("cdiv_param_expr", AP3, vec_data(positive),
      lambda P, d: dx.cdiv(P["A"], inp(d["x"])), lambda V, d: V["A"] / d["x"])
 
-# ---- dropout (identity cases; p > 0 has its own test) ------------------------------------------------
+# ---- dropout (identity cases; p > 0 has its own test) -------------------------------------------
 
 case("dropout_p0", A3, vec_data(), lambda P, d: dx.dropout(ev(P, d["x"]), 0.0),
      lambda V, d: d["x"] + V["A"])
 
-# ---- linear algebra -------------------------------------------------------------------------------
+# ---- linear algebra -----------------------------------------------------------------------------
 
 case("dot_product_expr_expr", A3, vec_data(),
      lambda P, d: dx.dot_product(ev(P, d["x"]), inp(d["y"])),
@@ -196,7 +196,7 @@ case("affine_two_terms", {**M23, **A3, "b": ((2,), "glorot"), "W": ((2, 4), "glo
 case("transpose", M23, lambda r, k: {"X": normal(r, 2, 3)},
      lambda P, d: dx.transpose(em(P, d["X"])), lambda V, d: (d["X"] + V["M"]).T)
 
-# ---- structure ------------------------------------------------------------------------------------
+# ---- structure ----------------------------------------------------------------------------------
 
 case("concatenate_vectors", {**A3, "B": ((2,), "glorot")},
      lambda r, k: {"x": normal(r, 3), "z": normal(r, 1)},
@@ -248,7 +248,7 @@ for _name, _f, _g in (("esum", dx.esum, lambda xs: jnp.sum(jnp.stack(xs), axis=0
 case("sum_elems_expr", M23, lambda r, k: {"X": normal(r, 2, 3)},
      lambda P, d: dx.sum_elems(em(P, d["X"])), lambda V, d: jnp.sum(d["X"] + V["M"]))
 
-# ---- distributions and losses ---------------------------------------------------------------------
+# ---- distributions and losses -------------------------------------------------------------------
 
 case("softmax", A3, vec_data(), lambda P, d: dx.softmax(ev(P, d["x"])),
      lambda V, d: jax.nn.softmax(d["x"] + V["A"]))
@@ -289,7 +289,7 @@ case("hinge_param_margin", A3, lambda r, k: {"y": _IDX[k]},
      lambda P, d: dx.hinge(P["A"], d["y"], margin=0.5),
      lambda V, d: _hinge_ref(V["A"], d["y"], 0.5))
 
-# ---- inputs and lookup ----------------------------------------------------------------------------
+# ---- inputs and lookup --------------------------------------------------------------------------
 
 _ROWS = [3, 6, 3, 0]  # a repeated row: its gradient accumulates
 case("lookup", {"E": ((7, 3), "lookup")}, lambda r, k: {"i": _ROWS[k]},
@@ -299,7 +299,7 @@ case("lookup_getitem", {"E": ((7, 3), "lookup"), **A3},
      lambda P, d: dx.cmult(P["E"][d["i"]], ev(P, d["x"])),
      lambda V, d: V["E"][d["i"]] * (d["x"] + V["A"]))
 
-# ---- dx.function ----------------------------------------------------------------------------------
+# ---- dx.function --------------------------------------------------------------------------------
 
 
 @dx.function
@@ -321,7 +321,7 @@ case("function_tuple", M23, vec_data(),
      lambda V, d: (jnp.tanh(V["M"] @ d["x"]) * 2.0, jax.nn.sigmoid(V["M"] @ d["x"])))
 
 
-# ---- DyNet's further ops (dynax/ops/extra.py) -------------------------------------------------------
+# ---- DyNet's further ops (dynax/ops/extra.py) ---------------------------------------------------
 
 
 @jax.custom_vjp
@@ -367,11 +367,34 @@ for _name, _f, _g in (("sum_dim", lambda x: dx.sum_dim(x, 1), lambda x: jnp.sum(
                       ("pick_range_d0", lambda x: dx.pick_range(x, 0, 1), lambda x: x[0:1])):
     case(f"{_name}", M23, lambda r, k: {"X": normal(r, 2, 3)},
          lambda P, d, f=_f: f(em(P, d["X"])), lambda V, d, g=_g: g(d["X"] + V["M"]))
+case("squared_norm", M23, lambda r, k: {"X": normal(r, 2, 3)},
+     lambda P, d: dx.squared_norm(em(P, d["X"])), lambda V, d: jnp.sum((d["X"] + V["M"]) ** 2))
+case("colwise_add", {**M23, "B": ((2,), "glorot")}, lambda r, k: {"X": normal(r, 2, 3)},
+     lambda P, d: dx.colwise_add(em(P, d["X"]), P["B"]),
+     lambda V, d: d["X"] + V["M"] + V["B"][:, None])
+case("select_rows", M23, lambda r, k: {"X": normal(r, 2, 3)},
+     lambda P, d: dx.select_rows(em(P, d["X"]), [1, 0, 1]),
+     lambda V, d: (d["X"] + V["M"])[jnp.array([1, 0, 1])])
+case("select_cols", M23, lambda r, k: {"X": normal(r, 2, 3)},
+     lambda P, d: dx.select_cols(em(P, d["X"]), [2, 0]),
+     lambda V, d: (d["X"] + V["M"])[:, jnp.array([2, 0])])
+case("logsumexp_vectors", A3, vec_data(),
+     lambda P, d: dx.logsumexp([ev(P, d["x"]), inp(d["y"]), P["A"]]),
+     lambda V, d: jax.nn.logsumexp(jnp.stack([d["x"] + V["A"], d["y"], V["A"]]), axis=0))
+case("logsumexp_scalars", A3, vec_data(),
+     lambda P, d: dx.logsumexp([dx.sum_elems(ev(P, d["x"])), dx.dot_product(inp(d["y"]),
+                                                                           P["A"])]),
+     lambda V, d: jax.nn.logsumexp(jnp.stack([jnp.sum(d["x"] + V["A"]),
+                                              jnp.dot(d["y"], V["A"])])))
+case("pow_operator", AP3, vec_data(positive), lambda P, d: ev(P, d["x"]) ** 2.5,
+     lambda V, d: (d["x"] + V["A"]) ** 2.5)
+case("noise_eval_graph", A3, vec_data(), lambda P, d: dx.noise(ev(P, d["x"]), 0.5),
+     lambda V, d: d["x"] + V["A"], cg_kwargs={"train": False})
 case("l1_distance", A3, vec_data(), lambda P, d: dx.l1_distance(ev(P, d["x"]), inp(d["y"])),
      lambda V, d: jnp.sum(jnp.abs(d["x"] + V["A"] - d["y"])))
 
 
-# ---- the generic tests ----------------------------------------------------------------------------
+# ---- the generic tests --------------------------------------------------------------------------
 
 _REFS: dict = {}
 
@@ -471,7 +494,7 @@ def test_agenda_batches_fewer_than_none(c):
     assert stats["depth"]["batches"] < stats["none"]["batches"]
 
 
-# ---- ops with their own tests -----------------------------------------------------------------------
+# ---- ops with their own tests -------------------------------------------------------------------
 # (they reuse the cases' parameters and shapes, so mostly the compiled kernels too)
 
 def pooled(params):

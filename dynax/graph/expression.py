@@ -61,6 +61,10 @@ class Expression(Operators):
         a = self.g.read(self.v)
         return float(a.reshape(())) if a.size == 1 else np.array(a)
 
+    def vec_value(self) -> list:
+        """The value's elements as a flat list of Python floats (DyNet's ``vec_value``)."""
+        return self.g.read(self.v).reshape(-1).tolist()
+
     def scalar_value(self) -> float:
         """The value of a one-element expression as a Python float."""
         a = self.g.read(self.v)

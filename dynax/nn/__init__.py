@@ -2,7 +2,8 @@
 from .parameters import LookupParameter, Parameter, ParameterCollection
 from .flax_interop import FlaxBlock, from_flax  # after .parameters: that import sets up ops/graph
 from .persistence import load, save
-from .rnn import BiRNNBuilder, GRUBuilder, LSTMBuilder, RNNState, SimpleRNNBuilder
+from .rnn import (BiRNNBuilder, GRUBuilder, LSTMBuilder, RNNState, SimpleRNNBuilder,
+                  VanillaLSTMBuilder)
 from .softmax import ClassFactoredSoftmaxBuilder, StandardSoftmaxBuilder
 from .trainers import (AdagradTrainer, AdamTrainer, MomentumSGDTrainer, RMSPropTrainer,
                        SimpleSGDTrainer, Trainer)
@@ -10,6 +11,7 @@ from .tree import ChildSumTreeLSTMBuilder, TreeLSTMBuilder
 
 __all__ = ["LookupParameter", "Parameter", "ParameterCollection", "Trainer", "SimpleSGDTrainer",
            "AdagradTrainer", "MomentumSGDTrainer", "RMSPropTrainer",
-           "AdamTrainer", "SimpleRNNBuilder", "LSTMBuilder", "GRUBuilder", "BiRNNBuilder",
+           "AdamTrainer", "SimpleRNNBuilder", "LSTMBuilder", "VanillaLSTMBuilder", "GRUBuilder",
+           "BiRNNBuilder",
            "RNNState", "TreeLSTMBuilder", "ChildSumTreeLSTMBuilder", "StandardSoftmaxBuilder",
            "ClassFactoredSoftmaxBuilder", "FlaxBlock", "from_flax", "save", "load"]

@@ -256,8 +256,9 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
     Raises:
       ValueError: the module fails on the example input, or has non-float parameters or
         outputs; ``dx.ArgumentTypeError`` (a ``ValueError``): a keyword value that is not
-        static (a list, an array), here or in a call of the block. Calling the block with inputs of other shapes than the example's raises
-        ``dx.ShapeError`` (a ``ValueError``). An example with a batch dimension is not
+        static (a list, an array), here or in a call of the block. Calling the block with
+        inputs of other shapes than the example's raises ``dx.ShapeError`` (a
+        ``ValueError``). An example with a batch dimension is not
         detected where the module accepts any leading shape (``nn.Dense``): the block then
         takes a whole batch as one instance, so give ONE example.
 

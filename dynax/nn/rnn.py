@@ -378,6 +378,9 @@ class LSTMBuilder(_RNNBuilder):
     _cell, _dropout_cell = _lstm_cell, _lstm_cell_dropout
 
 
+VanillaLSTMBuilder = LSTMBuilder  # DyNet's name for the same cell (dy.LSTMBuilder is it too)
+
+
 class GRUBuilder(_RNNBuilder):
     """GRU with gates ``z, r, n`` stacked in ``W_x, W_h, b`` (see the module doc)."""
 

@@ -287,11 +287,29 @@ class Trainer:
         self.updates = 0
 
     def status(self) -> str:
-        """A one-line summary (updates so far, last gradient norm if clipping)."""
+        """Print a one-line summary (updates so far, last gradient norm if clipping), as
+        DyNet's ``status()`` does, and return it."""
         s = f"{type(self).__name__}: {self.updates} updates"
         if self.last_grad_norm is not None:
             s += f", last grad norm {self.last_grad_norm:.4g}"
+        print(s, flush=True)
         return s
+
+    def set_clip_threshold(self, threshold) -> None:
+        """DyNet's: rescale the gradients so their global L2 norm is at most ``threshold``;
+        0 turns clipping off (dynax's default; DyNet's trainers clip at 5 by default)."""
+        t = _non_negative(threshold, "set_clip_threshold: threshold")
+        self.clip_threshold = t if t > 0 else None
+
+    def get_clip_threshold(self) -> float:
+        """The clipping threshold (0.0 when clipping is off)."""
+        return 0.0 if self.clip_threshold is None else float(self.clip_threshold)
+
+    def set_sparse_updates(self, sparse: bool) -> None:
+        """DyNet's: update lookup tables on their used rows only (see the module doc)."""
+        if not isinstance(sparse, (bool, np.bool_)):
+            raise ArgumentTypeError(f"set_sparse_updates: expected a bool, got {sparse!r}")
+        self.sparse_updates = bool(sparse)
 
 
 def _per_element(leaf, shape) -> bool:

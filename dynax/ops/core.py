@@ -134,8 +134,13 @@ def _same_or_scalar(name):
         shapes = [_shape(a) for a in avals]
         full = [s for s in shapes if s != ()]
         if any(s != full[0] for s in full):
+            hint = ""
+            if name == "cmult" and len(shapes) == 2 and len(shapes[0]) == 2 \
+                    and len(shapes[1]) in (1, 2) and shapes[0][1] == shapes[1][0]:
+                hint = ("; `*` multiplies elementwise here (as in NumPy), so DyNet's matrix "
+                        "product `W * x` is `W @ x`")
             raise ShapeError(f"{name}: shapes must be equal (or one a scalar), got "
-                             f"{', '.join(map(str, shapes))}")
+                             f"{', '.join(map(str, shapes))}{hint}")
     return check
 
 
@@ -197,6 +202,31 @@ def input(value) -> Expression:  # noqa: A001  (DyNet's name)
     arr = np.array(arr, dtype=FLOAT)  # a copy: later changes to the caller's array don't leak
     g = current_graph()
     return Expression(g, g.add_constant(arr, akey_of(arr.shape, FLOAT)))
+
+
+def inputTensor(value, batched: bool = False) -> Expression:  # noqa: N802  (DyNet's name)
+    """DyNet's name for ``dx.input``. dynax has no batch dimension (the autobatcher batches
+    instances), so ``batched=True`` is refused: build one instance at a time."""
+    if batched:
+        raise InvalidArgumentError("inputTensor: batched=True has no meaning in dynax; give "
+                                   "one instance's array and let the autobatcher batch")
+    return input(value)
+
+
+@atomic  # a refused array's constant is removed again
+def inputVector(values) -> Expression:  # noqa: N802  (DyNet's name)
+    """DyNet's name for ``dx.input`` of a vector (a list of numbers)."""
+    e = input(values)
+    if len(e.shape) != 1:
+        raise ShapeError(f"inputVector: expected a vector, got shape {e.shape}")
+    return e
+
+
+def scalarInput(value) -> Expression:  # noqa: N802  (DyNet's name)
+    """DyNet's name for ``dx.input`` of a number (a 0-d constant)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise DTypeError(f"scalarInput: expected a number, got {value!r}")
+    return input(float(value))
 
 
 def zeros(shape) -> Expression:
@@ -375,7 +405,7 @@ def dropout(x, p: float):
     return _node(DROPOUT, k + "iis", [x, g.seed, len(g.node_sig), float(p)])
 
 
-# ---- random values (DyNet's random_normal, random_bernoulli, random_uniform, random_gumbel) ---------
+# ---- random values (DyNet's random_normal, random_bernoulli, random_uniform, random_gumbel) -----
 
 def _random_op(name, draw):
     """An op of no value arguments: ``(seed, node id, shape, a, b)``, drawn from the key of
@@ -465,7 +495,7 @@ def random_gumbel(shape, mu: float = 0.0, beta: float = 1.0) -> Expression:
                    _real("random_gumbel", "beta", beta, 0.0, np.inf, low_open=True))
 
 
-# ---- linear algebra -------------------------------------------------------------------------------
+# ---- linear algebra -----------------------------------------------------------------------------
 
 def _check_matmul(avals, statics):
     a, b = (_shape(x) for x in avals)
@@ -536,7 +566,7 @@ def transpose(a):
     return _apply(TRANSPOSE, a)
 
 
-# ---- structure -----------------------------------------------------------------------------------
+# ---- structure ----------------------------------------------------------------------------------
 
 def _check_concat(avals, statics):
     d = statics[-1]
@@ -881,11 +911,17 @@ LOOKUP = OpDef("lookup", lambda E, i: E[i], CHEAP, row_gather=True,
                index_bounds=lambda avals: (avals[0].shape[0],))
 
 
-def lookup(E, i):
-    """Row ``i`` of a lookup parameter (``E[i]``)."""
+def lookup(E, i, update: bool = True):
+    """Row ``i`` of a lookup parameter (``E[i]``); with ``update=False`` (DyNet's), no
+    gradient flows back into the table from this use."""
     if type(E) not in _PARAMETER_TYPES and not isinstance(E, Parameter):
         raise ArgumentTypeError(f"lookup: the table must be a LookupParameter (or a "
                                 f"Parameter), got {type(E).__name__}")
+    if update is not True:
+        if update is not False:
+            raise ArgumentTypeError(f"lookup: update must be True or False, got {update!r}")
+        from .extra import const_lookup
+        return const_lookup(E, i)
     return _node(LOOKUP, "pi", (E, i))
 
 

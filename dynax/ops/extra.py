@@ -14,11 +14,13 @@ import jax.numpy as jnp
 import jax.scipy.special
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError
-from .core import (_all_same, _apply, _binary, _binop, _shape, _single, _unary, lookup,
-                   parameter)
-from .registry import CHEAP, OpDef
+from ..errors import ShapeError
+from ..graph.computation_graph import current_graph
+from .core import (_all_same, _apply, _as_expression, _binary, _binop, _node, _one, _shape,
+                   _single, _unary, atomic, concatenate, concatenate_cols, lookup, parameter)
+from .registry import CHEAP, INDEX_LIMIT, OpDef
 
-# ---- elementwise ---------------------------------------------------------------------------------
+# ---- elementwise --------------------------------------------------------------------------------
 
 SELU = _unary("selu", jax.nn.selu)
 SOFTSIGN = _unary("softsign", jax.nn.soft_sign)
@@ -106,7 +108,7 @@ def _number(opname, what, v):
     return float(v)
 
 
-# ---- reductions along dimensions, and a slice ----------------------------------------------------
+# ---- reductions along dimensions, and a slice ---------------------------------------------------
 
 def _dims(opname, d):
     """``d`` (an int or a list of ints) as a sorted tuple of distinct ints."""
@@ -200,7 +202,105 @@ def pick_range(x, start: int, end: int, d: int = 0):
     return _single(PICK_RANGE, x, "sss", (int(start), int(end), int(d)))
 
 
-# ---- distances -----------------------------------------------------------------------------------
+def _check_indices(opname, axis):
+    def check(avals, statics):
+        shape, idx = _shape(avals[0]), statics[0]
+        if len(shape) != 2:
+            raise ShapeError(f"{opname}: expected a matrix, got shape {shape}")
+        bad = [i for i in idx if not 0 <= i < shape[axis]]
+        if bad:
+            raise IndexOutOfRangeError(f"{opname}: index {bad[0]} out of range [0, "
+                                       f"{shape[axis]}) for shape {shape}")
+    return check
+
+
+SELECT_ROWS = OpDef("select_rows", lambda x, rows: x[jnp.asarray(rows)], CHEAP,
+                    check=_check_indices("select_rows", 0))
+SELECT_COLS = OpDef("select_cols", lambda x, cols: x[:, jnp.asarray(cols)], CHEAP,
+                    check=_check_indices("select_cols", 1))
+
+
+def _index_list(opname, idx):
+    idx = [idx] if isinstance(idx, numbers.Integral) else idx
+    if not isinstance(idx, (list, tuple)) or not idx or any(
+            isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in idx):
+        raise InvalidArgumentError(f"{opname}: expected a non-empty list of ints, got {idx!r}")
+    return tuple(int(i) for i in idx)
+
+
+def select_rows(x, rows):
+    """The rows ``rows`` (a list of ints, static: part of the signature) of a matrix."""
+    return _single(SELECT_ROWS, x, "s", (_index_list("select_rows", rows),))
+
+
+def select_cols(x, cols):
+    """The columns ``cols`` (a list of ints, static) of a matrix."""
+    return _single(SELECT_COLS, x, "s", (_index_list("select_cols", cols),))
+
+
+def _check_colwise(avals, statics):
+    x, bias = (_shape(a) for a in avals)
+    if len(x) != 2 or bias != x[:1]:
+        raise ShapeError(f"colwise_add: expected a matrix (n, m) and a vector (n,), got {x} "
+                         f"and {bias}")
+
+
+COLWISE_ADD = OpDef("colwise_add", lambda x, bias: x + bias[:, None], CHEAP,
+                    check=_check_colwise)
+
+
+def colwise_add(x, bias):
+    """``bias`` (n,) added to every column of ``x`` (n, m), as DyNet's ``colwise_add``."""
+    return _apply(COLWISE_ADD, x, bias)
+
+
+@atomic
+def logsumexp(xs):
+    """Elementwise ``log(sum(exp(x)))`` over a list of scalars or of vectors of one shape
+    (DyNet's ``logsumexp``), computed stably."""
+    xs = list(xs)
+    if not xs:
+        raise InvalidArgumentError("logsumexp: expected a non-empty list of expressions")
+    xs = [_as_expression(x, "logsumexp") for x in xs]
+    ndim = len(xs[0].shape)
+    if ndim == 0:
+        return logsumexp_dim(concatenate(xs))
+    if ndim == 1:
+        return logsumexp_dim(concatenate_cols(xs), 1)
+    raise ShapeError(f"logsumexp: expected scalars or vectors, got shape {xs[0].shape}")
+
+
+def _noise_fn(x, seed, node, stddev):
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), node)
+    return x + stddev * jax.random.normal(key, x.shape, x.dtype)
+
+
+NOISE = OpDef("noise", _noise_fn, CHEAP, index_bounds=lambda avals: (INDEX_LIMIT, INDEX_LIMIT))
+
+
+def noise(x, stddev: float):
+    """``x`` plus Gaussian noise of standard deviation ``stddev`` (DyNet's ``noise``): drawn
+    as ``dx.dropout``'s masks (seeded by the graph and the node), and, as dropout, the
+    identity when ``stddev == 0`` or in a graph built with ``train=False``."""
+    if isinstance(stddev, bool) or not isinstance(stddev, numbers.Real) \
+            or not 0.0 <= stddev < float("inf"):
+        raise InvalidArgumentError(f"noise: stddev must be a finite number >= 0, got {stddev!r}")
+    g = current_graph()
+    if stddev == 0.0 or not g.train:
+        return _as_expression(x, "noise")
+    k, x = _one(x, "noise")
+    return _node(NOISE, k + "iis", [x, g.seed, len(g.node_sig), float(stddev)])
+
+
+SQUARED_NORM = _unary("squared_norm", lambda x: jnp.sum(x * x))
+
+
+def squared_norm(x):
+    """Sum of the squares of all elements (a scalar)."""
+    return _apply(SQUARED_NORM, x)
+
+
+# ---- distances ----------------------------------------------------------------------------------
 
 L1_DISTANCE = OpDef("l1_distance", lambda a, b: jnp.sum(jnp.abs(a - b)), CHEAP,
                     check=_all_same("l1_distance"))
@@ -211,6 +311,8 @@ def l1_distance(a, b):
     return _apply(L1_DISTANCE, a, b)
 
 
-__all__ = ["bmax", "bmin", "const_lookup", "const_parameter", "cube", "elu", "erf", "flip_gradient", "l1_distance", "l2_norm",
-           "log_sigmoid", "logsumexp_dim", "max_dim", "mean_dim", "mean_elems", "min_dim",
-           "nobackprop", "pick_range", "pow", "selu", "softsign", "sum_dim"]
+__all__ = ["bmax", "bmin", "colwise_add", "const_lookup", "const_parameter", "cube", "elu", "erf",
+           "flip_gradient", "l1_distance", "l2_norm", "log_sigmoid", "logsumexp",
+           "logsumexp_dim", "max_dim", "mean_dim", "mean_elems", "min_dim", "nobackprop",
+           "noise", "pick_range", "pow", "select_cols", "select_rows", "selu", "softsign",
+           "squared_norm", "sum_dim"]

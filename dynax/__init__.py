@@ -12,9 +12,11 @@ from .errors import (ArgumentTypeError, DTypeError, DynaxError, IndexOutOfRangeE
 from .graph import ComputationGraph, Expression, current_graph, renew_cg
 from .nn import (AdagradTrainer, AdamTrainer, LookupParameter, MomentumSGDTrainer, Parameter,
                  ParameterCollection, RMSPropTrainer, SimpleSGDTrainer, Trainer, load, save)
-# DyNet spells the builders at the top level (dy.LSTMBuilder); they live in dx.nn
-from .nn import (BiRNNBuilder, ClassFactoredSoftmaxBuilder, GRUBuilder, LSTMBuilder,
-                 SimpleRNNBuilder, StandardSoftmaxBuilder, VanillaLSTMBuilder)
+# DyNet spells builders and initializers at the top level (dy.LSTMBuilder); they live in dx.nn
+from .nn import (BiRNNBuilder, ClassFactoredSoftmaxBuilder, ConstInitializer, GlorotInitializer,
+                 GRUBuilder, IdentityInitializer, LSTMBuilder, NormalInitializer,
+                 NumpyInitializer, SimpleRNNBuilder, StandardSoftmaxBuilder, UniformInitializer,
+                 VanillaLSTMBuilder)
 from .ops.core import (abs, add, affine_transform, average, binary_log_loss, cdiv, cmult,
                        concatenate, concatenate_cols, div, dot_product, dropout, emax, esum, exp,
                        hinge, input, inputTensor, inputVector, log, log_softmax, logistic,

@@ -223,3 +223,32 @@ def test_dynet_spellings():
         trainer.set_sparse_updates(1)
     with pytest.raises(dx.ArgumentTypeError, match="lookup: update must be True or False"):
         dx.lookup(E, 1, update=0)
+
+
+def test_dynet_initializers():
+    pc = dx.ParameterCollection(seed=0)
+    const = pc.add_parameters((2, 3), init=dx.ConstInitializer(0.5))
+    number = pc.add_parameters((4,), init=-0.25)  # a number: DyNet's constant init
+    eye = pc.add_parameters((3, 3), init=dx.IdentityInitializer())
+    normal = pc.add_parameters((100_000,), init=dx.NormalInitializer(1.0, 4.0))
+    uniform = pc.add_parameters((10_000,), init=dx.UniformInitializer(0.3))
+    glorot = pc.add_parameters((300, 200), init=dx.GlorotInitializer())
+    table = pc.add_lookup_parameters((1000, 50), init=dx.GlorotInitializer(is_lookup=True))
+    given = pc.add_parameters((2,), init=dx.NumpyInitializer([1.0, 2.0]))
+    np.testing.assert_array_equal(const.npvalue(), np.full((2, 3), 0.5))
+    np.testing.assert_array_equal(number.npvalue(), np.full(4, -0.25))
+    np.testing.assert_array_equal(eye.npvalue(), np.eye(3))
+    np.testing.assert_array_equal(given.npvalue(), [1.0, 2.0])
+    v = normal.npvalue()
+    assert abs(v.mean() - 1.0) < 0.03 and abs(v.std() - 2.0) < 0.03  # var 4: deviation 2
+    v = uniform.npvalue()
+    assert -0.3 <= v.min() < -0.29 and 0.29 < v.max() <= 0.3
+    for p, s in ((glorot, np.sqrt(6 / 500)), (table, np.sqrt(3 / 50))):
+        v = np.abs(p.npvalue())
+        assert 0.98 * s < v.max() <= s, (p.name, v.max(), s)
+    with pytest.raises(dx.InvalidArgumentError, match="IdentityInitializer: needs a square"):
+        pc.add_parameters((2, 3), init=dx.IdentityInitializer())
+    with pytest.raises(dx.InvalidArgumentError, match="NormalInitializer: var must be >= 0"):
+        dx.NormalInitializer(0.0, -1.0)
+    with pytest.raises(dx.InvalidArgumentError, match="init callable returned shape"):
+        pc.add_parameters((3,), init=dx.NumpyInitializer([1.0, 2.0]))

@@ -1,6 +1,8 @@
 """Parameters, trainers and builders (RNNs, Tree-LSTMs, softmaxes)."""
 from .parameters import LookupParameter, Parameter, ParameterCollection
 from .flax_interop import FlaxBlock, from_flax  # after .parameters: that import sets up ops/graph
+from .initializers import (ConstInitializer, GlorotInitializer, IdentityInitializer,
+                           NormalInitializer, NumpyInitializer, UniformInitializer)
 from .persistence import load, save
 from .rnn import (BiRNNBuilder, GRUBuilder, LSTMBuilder, RNNState, SimpleRNNBuilder,
                   VanillaLSTMBuilder)
@@ -14,4 +16,6 @@ __all__ = ["LookupParameter", "Parameter", "ParameterCollection", "Trainer", "Si
            "AdamTrainer", "SimpleRNNBuilder", "LSTMBuilder", "VanillaLSTMBuilder", "GRUBuilder",
            "BiRNNBuilder",
            "RNNState", "TreeLSTMBuilder", "ChildSumTreeLSTMBuilder", "StandardSoftmaxBuilder",
-           "ClassFactoredSoftmaxBuilder", "FlaxBlock", "from_flax", "save", "load"]
+           "ClassFactoredSoftmaxBuilder", "FlaxBlock", "from_flax", "save", "load",
+           "ConstInitializer", "GlorotInitializer", "IdentityInitializer", "NormalInitializer",
+           "NumpyInitializer", "UniformInitializer"]

@@ -7,6 +7,7 @@ which rows were used so trainers can update only those.
 """
 from __future__ import annotations
 
+import numbers
 import re
 
 import jax
@@ -41,6 +42,8 @@ def _init_array(init, key, shape, dtype):
             raise InvalidArgumentError(f"add_parameters: init callable returned shape "
                                        f"{arr.shape}, expected {tuple(shape)}")
         return jnp.asarray(arr)  # a new array: the parameter never shares the caller's
+    if isinstance(init, numbers.Real) and not isinstance(init, bool):  # DyNet: a constant
+        return jnp.full(shape, float(init), dtype)
     if isinstance(init, (np.ndarray, jax.Array, list, tuple)):
         arr = _real_array(init, "add_parameters: init array")
         if arr.shape != tuple(shape):
@@ -61,7 +64,8 @@ def _init_array(init, key, shape, dtype):
     if init == "ones":
         return jnp.ones(shape, dtype)
     raise InvalidArgumentError(f"add_parameters: unknown init {init!r}; use one of {INITS}, "
-                               "an array of the right shape or a callable (key, shape) -> array")
+                               "a number, an array of the right shape or a callable "
+                               "(key, shape) -> array")
 
 
 class Parameter(Operators):

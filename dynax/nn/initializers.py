@@ -1,0 +1,88 @@
+"""DyNet's parameter initializers, as ``init=`` callables ``(key, shape) -> array``.
+
+``pc.add_parameters((n, m), init=dx.ConstInitializer(0.5))`` works as in DyNet; any other
+callable of that form, an array, a number or a name (``"glorot"``, ...) works too.
+"""
+from __future__ import annotations
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import InvalidArgumentError
+
+
+def _real(who, what, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not np.isfinite(v):
+        raise InvalidArgumentError(f"{who}: {what} must be a finite number, got {v!r}")
+    return float(v)
+
+
+class ConstInitializer:
+    """Every entry ``c``."""
+
+    def __init__(self, c: float):
+        self.c = _real("ConstInitializer", "c", c)
+
+    def __call__(self, key, shape):
+        return jnp.full(shape, self.c, jnp.float32)
+
+
+class NormalInitializer:
+    """Entries from N(mean, var) (DyNet gives the variance, not the deviation)."""
+
+    def __init__(self, mean: float = 0.0, var: float = 1.0):
+        self.mean = _real("NormalInitializer", "mean", mean)
+        self.var = _real("NormalInitializer", "var", var)
+        if self.var < 0:
+            raise InvalidArgumentError(f"NormalInitializer: var must be >= 0, got {var!r}")
+
+    def __call__(self, key, shape):
+        return self.mean + np.sqrt(self.var) * jax.random.normal(key, shape, jnp.float32)
+
+
+class UniformInitializer:
+    """Entries from U[-scale, scale]."""
+
+    def __init__(self, scale: float):
+        self.scale = abs(_real("UniformInitializer", "scale", scale))
+
+    def __call__(self, key, shape):
+        return jax.random.uniform(key, shape, jnp.float32, -self.scale, self.scale)
+
+
+class GlorotInitializer:
+    """Uniform in ``[-s, s]``, ``s = gain * sqrt(3 * d / sum(dims))`` over the ``d``
+    dimensions (``sqrt(6 / (fan_in + fan_out))`` for a matrix), as DyNet's; with
+    ``is_lookup`` a table's rows count alone (``dims`` without the vocabulary)."""
+
+    def __init__(self, is_lookup: bool = False, gain: float = 1.0):
+        self.is_lookup = bool(is_lookup)
+        self.gain = _real("GlorotInitializer", "gain", gain)
+
+    def __call__(self, key, shape):
+        dims = tuple(shape[1:]) if self.is_lookup and len(shape) > 1 else tuple(shape)
+        s = self.gain * float(np.sqrt(3.0 * len(dims) / sum(dims)))
+        return jax.random.uniform(key, shape, jnp.float32, -s, s)
+
+
+class IdentityInitializer:
+    """The identity matrix (a square parameter)."""
+
+    def __call__(self, key, shape):
+        if len(shape) != 2 or shape[0] != shape[1]:
+            raise InvalidArgumentError(f"IdentityInitializer: needs a square matrix, got "
+                                       f"shape {tuple(shape)}")
+        return jnp.eye(shape[0], dtype=jnp.float32)
+
+
+class NumpyInitializer:
+    """The values of an array of the parameter's shape."""
+
+    def __init__(self, array):
+        self.array = np.array(array, np.float32)
+
+    def __call__(self, key, shape):
+        return self.array

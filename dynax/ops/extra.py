@@ -1,5 +1,5 @@
 """DyNet's further operations, beyond API.md: more elementwise functions, reductions along
-one dimension, a slice, distances, and gradient control.
+dimensions, slices and selections, distances, noise, and gradient control.
 
 Each is one single-instance JAX function and its batching contract (``OpDef``), as in
 ``core``: per-instance tensors are batched, dimensions and constants such as ``alpha`` are
@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special
 
-from ..errors import IndexOutOfRangeError, InvalidArgumentError
-from ..errors import ShapeError
+from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
 from ..graph.computation_graph import current_graph
 from .core import (_all_same, _apply, _as_expression, _binary, _binop, _node, _one, _shape,
                    _single, _unary, atomic, concatenate, concatenate_cols, lookup, parameter)

@@ -155,7 +155,8 @@ class FlaxBlock:
         self._variant, self._unflatten = variant, unflatten
         kwargs, self._default = defaults
         self._call_kwargs = dict(kwargs.items)
-        # the call's keywords (sorted items) -> (Function, output treedef, output shapes)
+        # call_kwargs merged with a call's keywords (a _Keywords) -> (Function, output
+        # treedef, output shapes)
         self._variants = {kwargs: self._default}
         self.output_shapes = self._default[2]
 

@@ -352,12 +352,11 @@ def test_equal_keyword_values_of_different_types_are_different_settings():
     x = XS[0]
     block = dx.nn.from_flax(Head(), dx.ParameterCollection(seed=0), x)
     dx.renew_cg()
-    as_float, as_int, nan_1, nan_2 = (block(dx.input(x), k=2.0), block(dx.input(x), k=2),
-                                      block(dx.input(x), k=float("nan")),
-                                      block(dx.input(x), k=float("nan")))
+    as_float, as_int = block(dx.input(x), k=2.0), block(dx.input(x), k=2)
+    nans = [block(dx.input(x), k=float("nan")) for _ in range(2)]
     assert (as_float.shape, as_int.shape) == ((OUT,), (2,))
     # the default, 2.0, 2 and nan: the second nan call reuses the first's setting
-    assert nan_1.shape == (OUT,) and len(block._variants) == 4
+    assert nans[1].shape == (OUT,) and len(block._variants) == 4
     want = Head().apply(block.flax_variables(), x, k=2.0)
     np.testing.assert_allclose(as_float.npvalue(), np.asarray(want), **TOL)
     # blocks of equal modules share kernels per setting, not across 2 and 2.0

@@ -134,6 +134,8 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
     (lambda x: dx.inputTensor(np.ones(2), batched=True), dx.InvalidArgumentError,
      r"inputTensor: batched=True"),
     (lambda x: dx.scalarInput("a"), dx.DTypeError, r"scalarInput: expected a number"),
+    (lambda x: dx.softmax(np.ones((2, 2, 2), np.float32)), dx.ShapeError,
+     r"softmax: expected 1 or 2 dimensions, got shape \(2, 2, 2\)"),
 ])
 def test_further_ops_check_their_arguments(call, error, match):
     """The ops of dynax/ops/extra.py (values and gradients: tests/test_ops.py) fail at

@@ -250,6 +250,11 @@ case("sum_elems_expr", M23, lambda r, k: {"X": normal(r, 2, 3)},
 
 # ---- distributions and losses -------------------------------------------------------------------
 
+case("softmax_columns", M23, lambda r, k: {"X": normal(r, 2, 3)},  # DyNet: per column
+     lambda P, d: dx.softmax(em(P, d["X"])), lambda V, d: jax.nn.softmax(d["X"] + V["M"], 0))
+case("log_softmax_columns", M23, lambda r, k: {"X": normal(r, 2, 3)},
+     lambda P, d: dx.log_softmax(em(P, d["X"])),
+     lambda V, d: jax.nn.log_softmax(d["X"] + V["M"], 0))
 case("softmax", A3, vec_data(), lambda P, d: dx.softmax(ev(P, d["x"])),
      lambda V, d: jax.nn.softmax(d["x"] + V["A"]))
 case("log_softmax", A3, vec_data(), lambda P, d: dx.log_softmax(ev(P, d["x"])),

@@ -834,18 +834,20 @@ def sum_elems(x):
 
 # ---- distributions and losses -----------------------------------------------------------------
 
-SOFTMAX = OpDef("softmax", lambda x: jax.nn.softmax(x, axis=0), CHEAP, check=_vector("softmax"))
+SOFTMAX = OpDef("softmax", lambda x: jax.nn.softmax(x, axis=0), CHEAP,
+                check=_ndim("softmax", (1, 2)))
 LOG_SOFTMAX = OpDef("log_softmax", lambda x: jax.nn.log_softmax(x, axis=0), CHEAP,
-                    check=_vector("log_softmax"))
+                    check=_ndim("log_softmax", (1, 2)))
 
 
 def softmax(x):
-    """Softmax of a vector."""
+    """Softmax of a vector; of a matrix, of each column (as DyNet's: attention scores as a
+    ``(T, 1)`` column normalise over T)."""
     return _apply(SOFTMAX, x)
 
 
 def log_softmax(x):
-    """Log-softmax of a vector."""
+    """Log-softmax of a vector, or of each column of a matrix."""
     return _apply(LOG_SOFTMAX, x)
 
 

@@ -250,7 +250,8 @@ def test_dynet_initializers():
         assert 0.98 * s < v.max() <= s, (p.name, v.max(), s)
     with pytest.raises(dx.InvalidArgumentError, match="IdentityInitializer: needs a square"):
         pc.add_parameters((2, 3), init=dx.IdentityInitializer())
-    with pytest.raises(dx.InvalidArgumentError, match="NormalInitializer: var must be >= 0"):
+    with pytest.raises(dx.InvalidArgumentError,
+                       match="NormalInitializer: var must be a finite number of at least 0.0"):
         dx.NormalInitializer(0.0, -1.0)
     with pytest.raises(dx.InvalidArgumentError, match="init callable returned shape"):
         pc.add_parameters((3,), init=dx.NumpyInitializer([1.0, 2.0]))

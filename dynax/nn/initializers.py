@@ -5,19 +5,12 @@ callable of that form, an array, a number or a name (``"glorot"``, ...) works to
 """
 from __future__ import annotations
 
-import numbers
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InvalidArgumentError
-
-
-def _real(who, what, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not np.isfinite(v):
-        raise InvalidArgumentError(f"{who}: {what} must be a finite number, got {v!r}")
-    return float(v)
+from ..ops.core import _real
 
 
 class ConstInitializer:
@@ -35,9 +28,7 @@ class NormalInitializer:
 
     def __init__(self, mean: float = 0.0, var: float = 1.0):
         self.mean = _real("NormalInitializer", "mean", mean)
-        self.var = _real("NormalInitializer", "var", var)
-        if self.var < 0:
-            raise InvalidArgumentError(f"NormalInitializer: var must be >= 0, got {var!r}")
+        self.var = _real("NormalInitializer", "var", var, 0.0)
 
     def __call__(self, key, shape):
         return self.mean + np.sqrt(self.var) * jax.random.normal(key, shape, jnp.float32)

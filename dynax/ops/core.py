@@ -187,11 +187,11 @@ def input(value) -> Expression:  # noqa: A001  (DyNet's name)
 
     Non-finite entries are allowed; non-numeric, complex and object dtypes are not.
     """
-    if isinstance(value, jax.core.Tracer):
-        raise _traced_error("input")
     try:
         arr = np.asarray(value)
     except (TypeError, ValueError) as e:  # ragged lists, Expressions inside a list, ...
+        if isinstance(value, jax.core.Tracer):  # checked here: off the hot path
+            raise _traced_error("input") from None
         raise DTypeError(f"input: cannot make an array of {type(value).__name__} ({e})"
                          ) from None
     if arr.dtype == object or not (jnp.issubdtype(arr.dtype, jnp.floating)
@@ -377,16 +377,36 @@ def cdiv(a, b):
     return _binop(DIV, a, b)
 
 
-# ---- dropout -----------------------------------------------------------------------------------
+# ---- dropout, and the seeded draws it shares with noise and the random ops --------------------
+# A draw's node carries the graph's seed and its own node id as per-instance ints: its key
+# depends on neither the strategy nor the batch, so every strategy draws the same.
+
+def draw_key(seed, node):
+    """The PRNG key of a node's draw."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed), node)
+
+
+def seed_and_node_bounds(avals):
+    """Index bounds of the two ints (seed, node id) of a draw's node."""
+    return INDEX_LIMIT, INDEX_LIMIT
+
+
+def training_draw(op, x, rate: float):
+    """A node of ``op`` over ``x``, ``(x, seed, node id, rate)``; ``x`` itself when
+    ``rate == 0`` or in a graph built with ``train=False``."""
+    g = current_graph()
+    if rate == 0.0 or not g.train:
+        return _as_expression(x, op.name)
+    k, x = _one(x, op.name)
+    return _node(op, k + "iis", [x, g.seed, len(g.node_sig), float(rate)])
+
 
 def _dropout_fn(x, seed, node, p):
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), node)
-    keep = jax.random.bernoulli(key, 1.0 - p, x.shape)
+    keep = jax.random.bernoulli(draw_key(seed, node), 1.0 - p, x.shape)
     return jnp.where(keep, x / (1.0 - p), 0.0).astype(x.dtype)
 
 
-DROPOUT = OpDef("dropout", _dropout_fn, CHEAP,
-                index_bounds=lambda avals: (INDEX_LIMIT, INDEX_LIMIT))
+DROPOUT = OpDef("dropout", _dropout_fn, CHEAP, index_bounds=seed_and_node_bounds)
 
 
 def dropout(x, p: float):
@@ -398,22 +418,17 @@ def dropout(x, p: float):
     """
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
         raise InvalidArgumentError(f"dropout: p must be a number in [0, 1), got {p!r}")
-    g = current_graph()
-    if p == 0.0 or not g.train:
-        return _as_expression(x, "dropout")
-    k, x = _one(x, "dropout")
-    return _node(DROPOUT, k + "iis", [x, g.seed, len(g.node_sig), float(p)])
+    return training_draw(DROPOUT, x, p)
 
 
 # ---- random values (DyNet's random_normal, random_bernoulli, random_uniform, random_gumbel) -----
 
 def _random_op(name, draw):
-    """An op of no value arguments: ``(seed, node id, shape, a, b)``, drawn from the key of
-    the graph's seed and the node's id (as dropout's masks), so batching changes nothing."""
+    """An op of no value arguments: ``(seed, node id, shape, a, b)``, a seeded draw as
+    dropout's masks, so batching changes nothing."""
     def fn(seed, node, shape, a, b):
-        key = jax.random.fold_in(jax.random.PRNGKey(seed), node)
-        return draw(key, shape, a, b).astype(FLOAT)
-    return OpDef(name, fn, CHEAP, index_bounds=lambda avals: (INDEX_LIMIT, INDEX_LIMIT))
+        return draw(draw_key(seed, node), shape, a, b).astype(FLOAT)
+    return OpDef(name, fn, CHEAP, index_bounds=seed_and_node_bounds)
 
 
 RANDOM_NORMAL = _random_op(

@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import jax.scipy.special
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
-from ..graph.computation_graph import current_graph
-from .core import (_all_same, _apply, _as_expression, _binary, _binop, _node, _one, _shape,
-                   _single, _unary, atomic, concatenate, concatenate_cols, lookup, parameter)
-from .registry import CHEAP, INDEX_LIMIT, OpDef
+from .core import (_all_same, _apply, _as_expression, _binary, _binop, _real, _shape, _single,
+                   _unary, atomic, concatenate, concatenate_cols, draw_key, lookup, parameter,
+                   seed_and_node_bounds, training_draw)
+from .registry import CHEAP, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------
 
@@ -270,25 +270,17 @@ def logsumexp(xs):
 
 
 def _noise_fn(x, seed, node, stddev):
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), node)
-    return x + stddev * jax.random.normal(key, x.shape, x.dtype)
+    return x + stddev * jax.random.normal(draw_key(seed, node), x.shape, x.dtype)
 
 
-NOISE = OpDef("noise", _noise_fn, CHEAP, index_bounds=lambda avals: (INDEX_LIMIT, INDEX_LIMIT))
+NOISE = OpDef("noise", _noise_fn, CHEAP, index_bounds=seed_and_node_bounds)
 
 
 def noise(x, stddev: float):
     """``x`` plus Gaussian noise of standard deviation ``stddev`` (DyNet's ``noise``): drawn
     as ``dx.dropout``'s masks (seeded by the graph and the node), and, as dropout, the
     identity when ``stddev == 0`` or in a graph built with ``train=False``."""
-    if isinstance(stddev, bool) or not isinstance(stddev, numbers.Real) \
-            or not 0.0 <= stddev < float("inf"):
-        raise InvalidArgumentError(f"noise: stddev must be a finite number >= 0, got {stddev!r}")
-    g = current_graph()
-    if stddev == 0.0 or not g.train:
-        return _as_expression(x, "noise")
-    k, x = _one(x, "noise")
-    return _node(NOISE, k + "iis", [x, g.seed, len(g.node_sig), float(stddev)])
+    return training_draw(NOISE, x, _real("noise", "stddev", stddev, 0.0))
 
 
 SQUARED_NORM = _unary("squared_norm", lambda x: jnp.sum(x * x))

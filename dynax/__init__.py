@@ -24,11 +24,7 @@ from .ops.core import (abs, add, affine_transform, average, binary_log_loss, cdi
                        random_bernoulli, random_gumbel, random_normal, random_uniform, rectify,
                        reshape, scalarInput, softmax, sqrt, square, squared_distance, sub,
                        sum_elems, tanh, transpose, zeros)
-from .ops.extra import (bmax, bmin, colwise_add, const_lookup, const_parameter, cube, elu, erf,
-                        flip_gradient, l1_distance, l2_norm, log_sigmoid, logsumexp,
-                        logsumexp_dim, max_dim, mean_dim, mean_elems, min_dim, nobackprop, noise,
-                        pick_range, pow, select_cols, select_rows, selu, softsign, squared_norm,
-                        sum_dim)
+from .ops.extra import *  # noqa: F401,F403  (DyNet's further ops; see extra.__all__)
 from .ops.function import Function, function
 
 

@@ -399,6 +399,120 @@ case("l1_distance", A3, vec_data(), lambda P, d: dx.l1_distance(ev(P, d["x"]), i
      lambda V, d: jnp.sum(jnp.abs(d["x"] + V["A"] - d["y"])))
 
 
+# ---- DyNet's further ops, second set (dynax/ops/extra.py) ---------------------------------------
+
+
+def _straight_through(f):
+    return lambda x: x + jax.lax.stop_gradient(f(x) - x)
+
+
+def _sparsemax_reference(z):
+    # the projection onto the simplex found another way than the op's sort: bisection for
+    # the threshold tau with sum(max(z - tau, 0)) = 1, then tau recomputed from the support
+    # found, so that it is a differentiable function of z and gradients are checked too
+    zs = jax.lax.stop_gradient(z)
+    lo, hi = jnp.min(zs) - 1.0, jnp.max(zs)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        above = jnp.sum(jnp.maximum(zs - mid, 0.0)) > 1.0
+        lo, hi = jnp.where(above, mid, lo), jnp.where(above, hi, mid)
+    support = (zs > (lo + hi) / 2).astype(z.dtype)
+    tau = (jnp.sum(z * support) - 1.0) / jnp.sum(support)
+    return jnp.maximum(z - tau, 0.0)
+
+
+def unit(r, *shape):
+    return r.uniform(-0.6, 0.6, size=shape).astype(np.float32)
+
+
+for _name, _f, _g, _gen in (
+        ("sin", dx.sin, jnp.sin, normal), ("cos", dx.cos, jnp.cos, normal),
+        ("tan", dx.tan, jnp.tan, unit), ("asin", dx.asin, jnp.arcsin, unit),
+        ("acos", dx.acos, jnp.arccos, unit), ("atan", dx.atan, jnp.arctan, normal),
+        ("sinh", dx.sinh, jnp.sinh, normal), ("cosh", dx.cosh, jnp.cosh, normal),
+        ("asinh", dx.asinh, jnp.arcsinh, normal), ("atanh", dx.atanh, jnp.arctanh, unit),
+        ("round", dx.round, lambda x: jax.lax.stop_gradient(jnp.round(x)), normal),
+        ("floor_straight", lambda x: dx.floor(x, "straight_through_gradient"),
+         _straight_through(jnp.floor), normal),
+        ("ceil", dx.ceil, lambda x: jax.lax.stop_gradient(jnp.ceil(x)), normal),
+        ("round_straight", lambda x: dx.round(x, gradient_mode="straight_through_gradient"),
+         _straight_through(jnp.round), normal),
+        ("argmax_straight", lambda x: dx.argmax(x, "straight_through_gradient") * x,
+         lambda x: _straight_through(lambda y: jax.nn.one_hot(jnp.argmax(y), 3))(x) * x, normal),
+        ("argmax_zero", lambda x: dx.argmax(x) * x,
+         lambda x: jax.lax.stop_gradient(jax.nn.one_hot(jnp.argmax(x), 3)) * x, normal),
+        ("std_elems", dx.std_elems, jnp.std, normal),
+        ("moment_elems", lambda x: dx.moment_elems(x, 3), lambda x: jnp.mean(x ** 3), normal),
+        ("cumsum", dx.cumsum, jnp.cumsum, normal),
+        ("sparsemax", lambda x: dx.sparsemax(x * 2.0), lambda x: _sparsemax_reference(x * 2.0),
+         normal),
+        ("sparsemax_one_hot", lambda x: dx.sparsemax(x * 50.0),  # the support is one entry
+         lambda x: _sparsemax_reference(x * 50.0), normal)):
+    case(f"{_name}_expr", A3, vec_data(_gen),
+         lambda P, d, f=_f: f(inp(d["x"]) * 0.5 + P["A"] * 0.5),
+         lambda V, d, g=_g: g(d["x"] * 0.5 + V["A"] * 0.5))
+
+for _name, _f, _g, _gen in (
+        ("acosh", dx.acosh, jnp.arccosh, lambda r, *s: r.uniform(1.5, 3, size=s)),
+        ("lgamma", dx.lgamma, jax.scipy.special.gammaln, positive)):
+    case(f"{_name}_expr", AP3, vec_data(lambda r, *s, gen=_gen: gen(r, *s).astype(np.float32)),
+         lambda P, d, f=_f: f(inp(d["x"]) + P["A"]), lambda V, d, g=_g: g(d["x"] + V["A"]))
+
+for _name, _f, _g in (("std_dim", lambda x: dx.std_dim(x, 1), lambda x: jnp.std(x, 1)),
+                      ("moment_dim", lambda x: dx.moment_dim(x, [0, 1], 2),
+                       lambda x: jnp.mean(x ** 2)),
+                      ("cumsum_d1", lambda x: dx.cumsum(x, 1), lambda x: jnp.cumsum(x, 1)),
+                      ("weight_norm", lambda x: dx.weight_norm(x, dx.sum_elems(x)),
+                       lambda x: x * jnp.sum(x) / jnp.linalg.norm(x))):
+    case(f"{_name}", M23, lambda r, k: {"X": normal(r, 2, 3)},
+         lambda P, d, f=_f: f(em(P, d["X"])), lambda V, d, g=_g: g(d["X"] + V["M"]))
+
+case("layer_norm", {**A3, "G": ((3,), "pos"), "B": ((3,), "glorot")}, vec_data(),
+     lambda P, d: dx.layer_norm(ev(P, d["x"]), P["G"], P["B"]),
+     lambda V, d: V["G"] * (lambda c: c / (jnp.sqrt(jnp.mean(c * c)) + 1e-8))(
+         d["x"] + V["A"] - jnp.mean(d["x"] + V["A"])) + V["B"])
+case("huber_distance", A3, lambda r, k: {"x": 2 * normal(r, 3), "y": normal(r, 3)},
+     lambda P, d: dx.huber_distance(ev(P, d["x"]), d["y"], c=1.0),  # an array operand
+     lambda V, d: jnp.sum(jnp.where(jnp.abs(d["x"] + V["A"] - d["y"]) < 1.0,
+                                    (d["x"] + V["A"] - d["y"]) ** 2,
+                                    2 * jnp.abs(d["x"] + V["A"] - d["y"]) - 1.0)))
+case("pairwise_rank_loss", A3, vec_data(),
+     lambda P, d: dx.pairwise_rank_loss(ev(P, d["x"]), inp(d["y"]) * P["A"], m=0.5),
+     lambda V, d: jnp.maximum(0.0, 0.5 - (d["x"] + V["A"]) + d["y"] * V["A"]))
+case("poisson_loss", A3, lambda r, k: {"x": normal(r, 3), "n": k + 2},
+     lambda P, d: dx.poisson_loss(dx.sum_elems(ev(P, d["x"])) * 0.3, d["n"]),
+     lambda V, d: (lambda ll: jnp.exp(ll) - d["n"] * ll + jax.scipy.special.gammaln(d["n"] + 1.0))(
+         jnp.sum(d["x"] + V["A"]) * 0.3))
+_SPD = {"S": ((3, 3), "glorot")}
+case("inverse", _SPD, lambda r, k: {"X": normal(r, 3, 3)},
+     lambda P, d: dx.inverse(inp(d["X"]) * 0.3 + P["S"] * 0.3 + inp(3 * np.eye(3, dtype="f"))),
+     lambda V, d: jnp.linalg.inv(d["X"] * 0.3 + V["S"] * 0.3 + 3 * jnp.eye(3)))
+case("logdet", _SPD, lambda r, k: {"X": normal(r, 3, 3)},
+     lambda P, d: dx.logdet(inp(d["X"]) * 0.3 + P["S"] * 0.3 + inp(3 * np.eye(3, dtype="f"))),
+     lambda V, d: jnp.linalg.slogdet(d["X"] * 0.3 + V["S"] * 0.3 + 3 * jnp.eye(3))[1])
+case("trace_of_product", M23, lambda r, k: {"X": normal(r, 2, 3), "Y": normal(r, 2, 3)},
+     lambda P, d: dx.trace_of_product(em(P, d["X"]), inp(d["Y"])),
+     lambda V, d: jnp.trace((d["X"] + V["M"]) @ d["Y"].T))
+_T = {"T": ((2, 3, 3), "glorot")}
+case("contract3d_1d", {**_T, **A3}, vec_data(),
+     lambda P, d: dx.contract3d_1d(P["T"], ev(P, d["x"])),
+     lambda V, d: jnp.einsum("ijk,k->ij", V["T"], d["x"] + V["A"]))
+case("contract3d_1d_bias", {**_T, **A3, **M23},
+     lambda r, k: {"x": normal(r, 3), "X": normal(r, 2, 3)},
+     lambda P, d: dx.contract3d_1d_bias(P["T"], ev(P, d["x"]), em(P, d["X"])),
+     lambda V, d: jnp.einsum("ijk,k->ij", V["T"], d["x"] + V["A"]) + d["X"] + V["M"])
+case("circ_conv", A3, vec_data(), lambda P, d: dx.circ_conv(ev(P, d["x"]), inp(d["y"]) * P["A"]),
+     lambda V, d: jnp.array([sum((d["x"] + V["A"])[i] * (d["y"] * V["A"])[(k - i) % 3]
+                                 for i in range(3)) for k in range(3)]))
+case("circ_corr", A3, vec_data(), lambda P, d: dx.circ_corr(ev(P, d["x"]), inp(d["y"]) * P["A"]),
+     lambda V, d: jnp.array([sum((d["x"] + V["A"])[i] * (d["y"] * V["A"])[(i + k) % 3]
+                                 for i in range(3)) for k in range(3)]))
+case("cwise_multiply", A3, vec_data(), lambda P, d: dx.cwise_multiply(ev(P, d["x"]), P["A"]),
+     lambda V, d: (d["x"] + V["A"]) * V["A"])
+case("constant", A3, vec_data(), lambda P, d: ev(P, d["x"]) * dx.constant((3,), 1.5)
+     + dx.zeroes(3), lambda V, d: (d["x"] + V["A"]) * 1.5)
+
+
 # ---- the generic tests --------------------------------------------------------------------------
 
 _REFS: dict = {}

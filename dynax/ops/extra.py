@@ -12,12 +12,14 @@ import numbers
 import jax
 import jax.numpy as jnp
 import jax.scipy.special
+import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
-from .core import (_all_same, _apply, _as_expression, _binary, _binop, _real, _shape, _single,
-                   _unary, atomic, concatenate, concatenate_cols, draw_key, lookup, parameter,
-                   seed_and_node_bounds, training_draw)
-from .registry import CHEAP, OpDef
+from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _node, _one, _real,
+                   _shape, _single, _unary, _vector, atomic, cmult, concatenate,
+                   concatenate_cols, draw_key, input, lookup, parameter, seed_and_node_bounds,
+                   training_draw, zeros)
+from .registry import CHEAP, HEAVY, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------
 
@@ -302,8 +304,357 @@ def l1_distance(a, b):
     return _apply(L1_DISTANCE, a, b)
 
 
-__all__ = ["bmax", "bmin", "colwise_add", "const_lookup", "const_parameter", "cube", "elu", "erf",
-           "flip_gradient", "l1_distance", "l2_norm", "log_sigmoid", "logsumexp",
-           "logsumexp_dim", "max_dim", "mean_dim", "mean_elems", "min_dim", "nobackprop",
-           "noise", "pick_range", "pow", "select_cols", "select_rows", "selu", "softsign",
-           "squared_norm", "sum_dim"]
+# ---- more elementwise functions -----------------------------------------------------------------
+
+def _elementwise(name, fn, doc):
+    op = _unary(name, fn)
+
+    def apply(x):
+        return _apply(op, x)
+    apply.__name__ = apply.__qualname__ = name
+    apply.__doc__ = doc
+    return apply
+
+
+sin = _elementwise("sin", jnp.sin, "Elementwise sine.")
+cos = _elementwise("cos", jnp.cos, "Elementwise cosine.")
+tan = _elementwise("tan", jnp.tan, "Elementwise tangent.")
+asin = _elementwise("asin", jnp.arcsin, "Elementwise inverse sine.")
+acos = _elementwise("acos", jnp.arccos, "Elementwise inverse cosine.")
+atan = _elementwise("atan", jnp.arctan, "Elementwise inverse tangent.")
+sinh = _elementwise("sinh", jnp.sinh, "Elementwise hyperbolic sine.")
+cosh = _elementwise("cosh", jnp.cosh, "Elementwise hyperbolic cosine.")
+asinh = _elementwise("asinh", jnp.arcsinh, "Elementwise inverse hyperbolic sine.")
+acosh = _elementwise("acosh", jnp.arccosh, "Elementwise inverse hyperbolic cosine.")
+atanh = _elementwise("atanh", jnp.arctanh, "Elementwise inverse hyperbolic tangent.")
+lgamma = _elementwise("lgamma", jax.scipy.special.gammaln,
+                      "Elementwise log of the absolute value of the gamma function.")
+
+# ---- piecewise-constant functions, with DyNet's two gradient modes -----------------------------
+
+GRADIENT_MODES = ("zero_gradient", "straight_through_gradient")
+
+
+def _gradient_mode(opname, mode):
+    if mode not in GRADIENT_MODES:
+        raise InvalidArgumentError(f"{opname}: gradient_mode must be one of {GRADIENT_MODES}, "
+                                   f"got {mode!r}")
+    return mode == "straight_through_gradient"
+
+
+def _piecewise_constant(name, fn, check=None):
+    # the value of fn(x); the gradient of zero or, straight through, of the identity
+    def apply(x, straight):
+        y = fn(x)
+        return x + jax.lax.stop_gradient(y - x) if straight else jax.lax.stop_gradient(y)
+    return OpDef(name, apply, CHEAP, check=check)
+
+
+ROUND = _piecewise_constant("round", jnp.round)
+FLOOR = _piecewise_constant("floor", jnp.floor)
+CEIL = _piecewise_constant("ceil", jnp.ceil)
+
+
+def _one_hot_argmax(x):
+    return jax.nn.one_hot(jnp.argmax(x), x.shape[0], dtype=x.dtype)
+
+
+ARGMAX = _piecewise_constant("argmax", _one_hot_argmax, check=_vector("argmax"))
+
+
+def round(x, gradient_mode: str = "zero_gradient"):  # noqa: A001  (DyNet's name)
+    """Elementwise rounding to the nearest integer (halves to even). ``gradient_mode``:
+    ``"zero_gradient"`` (no gradient flows back) or ``"straight_through_gradient"`` (the
+    gradient passes through as if this were the identity), as in DyNet."""
+    return _single(ROUND, x, "s", (_gradient_mode("round", gradient_mode),))
+
+
+def floor(x, gradient_mode: str = "zero_gradient"):
+    """Elementwise floor; ``gradient_mode`` as in ``round``."""
+    return _single(FLOOR, x, "s", (_gradient_mode("floor", gradient_mode),))
+
+
+def ceil(x, gradient_mode: str = "zero_gradient"):
+    """Elementwise ceiling; ``gradient_mode`` as in ``round``."""
+    return _single(CEIL, x, "s", (_gradient_mode("ceil", gradient_mode),))
+
+
+def argmax(x, gradient_mode: str = "zero_gradient"):
+    """The one-hot vector of a vector's largest entry (the first on ties); ``gradient_mode``
+    as in ``round`` (straight through: the gradient of the identity, as DyNet's)."""
+    return _single(ARGMAX, x, "s", (_gradient_mode("argmax", gradient_mode),))
+
+
+# ---- statistics and running sums ----------------------------------------------------------------
+
+STD_ELEMS = _unary("std_elems", jnp.std)
+MOMENT_ELEMS = OpDef("moment_elems", lambda x, r: jnp.mean(x ** r), CHEAP)
+STD_DIM = OpDef("std_dim", lambda x, dims: jnp.std(x, axis=dims), CHEAP,
+                check=_check_dims("std_dim"))
+MOMENT_DIM = OpDef("moment_dim", lambda x, dims, r: jnp.mean(x ** r, axis=dims), CHEAP,
+                   check=_check_dims("moment_dim"))
+CUMSUM = OpDef("cumsum", lambda x, dims: jnp.cumsum(x, axis=dims[0]), CHEAP,
+               check=_check_dims("cumsum"))
+
+
+def _order(opname, r):
+    if isinstance(r, bool) or not isinstance(r, numbers.Integral) or r < 1:
+        raise InvalidArgumentError(f"{opname}: the order r must be an int >= 1, got {r!r}")
+    return int(r)
+
+
+def std_elems(x):
+    """Standard deviation of all elements (a scalar): the population's, dividing by the
+    count, as DyNet's."""
+    return _apply(STD_ELEMS, x)
+
+
+def moment_elems(x, r: int):
+    """The ``r``-th raw moment of all elements, ``mean(x ** r)`` (a scalar)."""
+    return _single(MOMENT_ELEMS, x, "s", (_order("moment_elems", r),))
+
+
+def std_dim(x, d):
+    """Standard deviation (the population's) over dimension ``d`` (an int or a list)."""
+    return _single(STD_DIM, x, "s", (_dims("std_dim", d),))
+
+
+def moment_dim(x, d, r: int):
+    """The ``r``-th raw moment, ``mean(x ** r)``, over dimension ``d`` (an int or a list)."""
+    return _single(MOMENT_DIM, x, "ss", (_dims("moment_dim", d), _order("moment_dim", r)))
+
+
+def cumsum(x, d: int = 0):
+    """Running sums along dimension ``d`` (the shape is unchanged)."""
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+        raise InvalidArgumentError(f"cumsum: d must be an int, got {d!r}")
+    return _single(CUMSUM, x, "s", ((int(d),),))
+
+
+# ---- normalisation ------------------------------------------------------------------------------
+
+def _layer_norm(x, g, b):
+    # DyNet's: the gain times (x - mean) / (std + 1e-8), plus the bias
+    centered = x - jnp.mean(x)
+    return g * centered / (jnp.sqrt(jnp.mean(centered * centered)) + 1e-8) + b
+
+
+LAYER_NORM = OpDef("layer_norm", _layer_norm, CHEAP,
+                   check=_both(_vector("layer_norm"), _all_same("layer_norm")))
+
+
+def layer_norm(x, g, b):
+    """Layer normalisation of a vector (Ba et al. 2016), as DyNet's: ``g * (x - mean(x)) /
+    (std(x) + 1e-8) + b``, with the population's std; ``g`` and ``b`` of x's shape."""
+    return _apply(LAYER_NORM, x, g, b)
+
+
+def _check_weight_norm(avals, statics):
+    if _shape(avals[1]) != ():
+        raise ShapeError(f"weight_norm: the gain must be a scalar, got shape "
+                         f"{_shape(avals[1])}")
+
+
+WEIGHT_NORM = OpDef("weight_norm", lambda w, g: w * (g / jnp.sqrt(jnp.sum(w * w))), CHEAP,
+                    check=_check_weight_norm)
+
+
+def weight_norm(w, g):
+    """Weight normalisation (Salimans & Kingma 2016): ``w / ||w|| * g`` for a tensor ``w``
+    (usually a parameter) and a scalar gain ``g``; ``||w||`` over all elements."""
+    return _apply(WEIGHT_NORM, w, g)
+
+
+def _sparsemax(x):
+    # Martins & Astudillo (2016): the Euclidean projection of x onto the simplex
+    z = jnp.sort(x)[::-1]
+    k = jnp.arange(1, x.shape[0] + 1, dtype=x.dtype)
+    sums = jnp.cumsum(z)
+    support = jnp.sum(1.0 + k * z > sums)  # the first `support` sorted entries stay positive
+    tau = (sums[support - 1] - 1.0) / support.astype(x.dtype)
+    return jnp.maximum(x - tau, 0.0)
+
+
+SPARSEMAX = OpDef("sparsemax", _sparsemax, CHEAP, check=_vector("sparsemax"))
+
+
+def sparsemax(x):
+    """Sparsemax of a vector (Martins & Astudillo 2016): the point of the probability
+    simplex nearest to ``x``; unlike softmax it can be exactly zero."""
+    return _apply(SPARSEMAX, x)
+
+
+# ---- losses -------------------------------------------------------------------------------------
+
+@atomic  # an array operand's constant is removed again if the node fails
+def _tensors_and_statics(op, tensors, statics):
+    """One node of ``op`` over tensor arguments (Expressions, Parameters or arrays, never
+    numbers) followed by static ones."""
+    kinds, items = zip(*(_one(x, op.name) for x in tensors))
+    return _node(op, "".join(kinds) + "s" * len(statics), [*items, *statics])
+
+
+def _huber(a, b, c):
+    r = jnp.abs(a - b)
+    return jnp.sum(jnp.where(r < c, r * r, c * (2.0 * r - c)))
+
+
+HUBER = OpDef("huber_distance", _huber, CHEAP, check=_all_same("huber_distance"))
+
+
+def huber_distance(x, y, c: float = 1.345):
+    """Huber distance of two expressions of one shape, as DyNet's: the sum over elements of
+    ``r**2`` where ``r = |x - y| < c`` and ``c * (2r - c)`` elsewhere (twice the textbook
+    Huber loss, so that it equals ``squared_distance`` for small residuals)."""
+    return _tensors_and_statics(HUBER, (x, y), (_real("huber_distance", "c", c, 0.0),))
+
+
+PAIRWISE_RANK = OpDef("pairwise_rank_loss", lambda x, y, m: jnp.maximum(0.0, m - x + y),
+                      CHEAP, check=_all_same("pairwise_rank_loss"))
+
+
+def pairwise_rank_loss(x, y, m: float = 1.0):
+    """``max(0, m - x + y)`` elementwise: the margin loss of a score ``x`` that should beat
+    ``y`` by at least ``m`` (DyNet's)."""
+    return _tensors_and_statics(PAIRWISE_RANK, (x, y),
+                                (_number("pairwise_rank_loss", "m", m),))
+
+
+def _check_scalar(opname):
+    def check(avals, statics):
+        if _shape(avals[0]) != ():
+            raise ShapeError(f"{opname}: expected a scalar, got shape {_shape(avals[0])}")
+    return check
+
+
+POISSON = OpDef("poisson_loss",
+                lambda ll, x: jnp.exp(ll) - x * ll + jax.scipy.special.gammaln(x + 1.0),
+                CHEAP, check=_check_scalar("poisson_loss"))
+
+
+def poisson_loss(log_lambda, x: int):
+    """``-log Poisson(x; exp(log_lambda))`` for a scalar expression ``log_lambda`` and a count
+    ``x`` (a non-negative int, per instance as an index is), as DyNet's."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0:
+        raise InvalidArgumentError(f"poisson_loss: x must be a non-negative int, got {x!r}")
+    return _single(POISSON, log_lambda, "i", (int(x),))
+
+
+# ---- linear algebra -----------------------------------------------------------------------------
+
+def _check_square(opname):
+    def check(avals, statics):
+        s = _shape(avals[0])
+        if len(s) != 2 or s[0] != s[1]:
+            raise ShapeError(f"{opname}: expected a square matrix, got shape {s}")
+    return check
+
+
+INVERSE = OpDef("inverse", jnp.linalg.inv, HEAVY, check=_check_square("inverse"))
+LOGDET = OpDef("logdet", lambda x: jnp.linalg.slogdet(x)[1], HEAVY,
+               check=_check_square("logdet"))
+
+
+def _check_trace(avals, statics):
+    a, b = (_shape(v) for v in avals)
+    if len(a) != 2 or a != b:
+        raise ShapeError(f"trace_of_product: expected two matrices of one shape, got {a} and "
+                         f"{b}")
+
+
+TRACE_OF_PRODUCT = OpDef("trace_of_product", lambda x, y: jnp.sum(x * y), CHEAP,
+                         check=_check_trace)
+
+
+def inverse(x):
+    """The inverse of a square matrix."""
+    return _apply(INVERSE, x)
+
+
+def logdet(x):
+    """``log |det(x)|`` of a square matrix (its log-determinant when positive definite)."""
+    return _apply(LOGDET, x)
+
+
+def trace_of_product(x, y):
+    """``trace(x @ y.T)`` of two matrices of one shape, i.e. ``sum(x * y)``."""
+    return _apply(TRACE_OF_PRODUCT, x, y)
+
+
+def _check_contract(avals, statics):
+    x, y = _shape(avals[0]), _shape(avals[1])
+    if len(x) != 3 or y != x[2:]:
+        raise ShapeError(f"contract3d_1d: expected a 3-d tensor (i, j, k) and a vector (k,), "
+                         f"got {x} and {y}")
+    if len(avals) == 3 and _shape(avals[2]) != x[:2]:
+        raise ShapeError(f"contract3d_1d_bias: the bias must have shape {x[:2]}, got "
+                         f"{_shape(avals[2])}")
+
+
+CONTRACT3D_1D = OpDef("contract3d_1d", lambda x, y: x @ y, HEAVY, check=_check_contract)
+CONTRACT3D_1D_BIAS = OpDef("contract3d_1d_bias", lambda x, y, b: x @ y + b, HEAVY,
+                           check=_check_contract)
+
+
+def contract3d_1d(x, y):
+    """``sum_k x[i, j, k] * y[k]``: a 3-d tensor (i, j, k) contracted with a vector (k,) to
+    an (i, j) matrix (DyNet's)."""
+    return _apply(CONTRACT3D_1D, x, y)
+
+
+def contract3d_1d_bias(x, y, b):
+    """``contract3d_1d(x, y) + b`` for a bias ``b`` of shape (i, j)."""
+    return _apply(CONTRACT3D_1D_BIAS, x, y, b)
+
+
+def _circulant(v, sign):
+    # rows k of [v[(k + sign * i) mod n]]_i: the matrix whose product with u is the sum
+    n = v.shape[0]
+    return v[(jnp.arange(n)[:, None] + sign * jnp.arange(n)[None, :]) % n]
+
+
+CIRC_CONV = OpDef("circ_conv", lambda u, v: _circulant(v, -1) @ u, CHEAP,
+                  check=_both(_vector("circ_conv", 2), _all_same("circ_conv")))
+CIRC_CORR = OpDef("circ_corr", lambda u, v: _circulant(v, 1) @ u, CHEAP,
+                  check=_both(_vector("circ_corr", 2), _all_same("circ_corr")))
+
+
+def circ_conv(u, v):
+    """Circular convolution of two vectors of one length n: ``w[k] = sum_i u[i] *
+    v[(k - i) mod n]``."""
+    return _apply(CIRC_CONV, u, v)
+
+
+def circ_corr(u, v):
+    """Circular correlation of two vectors of one length n (holographic embeddings, Nickel
+    et al. 2016): ``w[k] = sum_i u[i] * v[(i + k) mod n]``."""
+    return _apply(CIRC_CORR, u, v)
+
+
+# ---- DyNet's other spellings --------------------------------------------------------------------
+
+def cwise_multiply(a, b):
+    """DyNet's name for ``cmult``: the elementwise product."""
+    return cmult(a, b)
+
+
+def zeroes(shape):
+    """DyNet's other spelling of ``zeros``."""
+    return zeros(shape)
+
+
+def constant(shape, value: float):
+    """A constant of ``shape`` with every element ``value`` (DyNet's ``constant``)."""
+    return input(np.full(shape, _number("constant", "value", value), np.float32))
+
+
+__all__ = ["acos", "acosh", "argmax", "asin", "asinh", "atan", "atanh", "bmax", "bmin", "ceil",
+           "circ_conv", "circ_corr", "colwise_add", "const_lookup", "const_parameter",
+           "constant", "contract3d_1d", "contract3d_1d_bias", "cos", "cosh", "cube", "cumsum",
+           "cwise_multiply", "elu", "erf", "flip_gradient", "floor", "huber_distance",
+           "inverse", "l1_distance", "l2_norm", "layer_norm", "lgamma", "log_sigmoid",
+           "logdet", "logsumexp", "logsumexp_dim", "max_dim", "mean_dim", "mean_elems",
+           "min_dim", "moment_dim", "moment_elems", "nobackprop", "noise", "pairwise_rank_loss",
+           "pick_range", "poisson_loss", "pow", "round", "select_cols", "select_rows", "selu",
+           "sin", "sinh", "softsign", "sparsemax", "squared_norm", "std_dim", "std_elems",
+           "sum_dim", "tan", "trace_of_product", "weight_norm", "zeroes"]

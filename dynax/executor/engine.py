@@ -24,8 +24,9 @@ from ..errors import StaleExpressionError
 from ..ops.registry import AKEY_AVAL, CHEAP
 from .buckets import bucket
 from .validity import check_block, check_forward, check_param_grads
-from .kernels import GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows, \
-    forward_kernel, forward_run_kernel, load_block, packet_offsets, seed_gradient
+from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
+                      compile_clear, forward_kernel, forward_run_kernel, load_block,
+                      packet_offsets, seed_gradient)
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
 ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)
@@ -121,8 +122,10 @@ class Engine:
 
     def __init__(self):
         self.arenas: dict = {}  # akey -> jax.Array of shape (capacity, *shape)
-        self.spare_grads: dict = {}  # akey -> the last backward pass's gradient arena,
-        # cleared for the next one
+        self.spare_grads: dict = {}  # akey -> (the last backward pass's gradient arena,
+        # the rows to clear before the next pass uses it)
+        self.last_grads = None  # (graph, {akey: arena}) of the last backward pass, read by
+        # Expression.gradient() until the next pass takes the arenas back
         self.plans = PlanCache()  # plans of recurring graph shapes
 
     # ---- arenas -------------------------------------------------------------------------------
@@ -165,6 +168,7 @@ class Engine:
         """Drop every pooled arena (they are re-created on demand)."""
         self.arenas.clear()
         self.spare_grads.clear()
+        self.last_grads = None
         self.plans.clear()
 
     # ---- forward ---------------------------------------------------------------------------------
@@ -490,8 +494,13 @@ class Engine:
                 e.add_note(f"dynax: while running the backward pass of a batch of {len(nodes)} "
                            f"'{sig.op.name}' node(s) (the first built as node {nodes[0]})")
                 raise
-        for a, arr in grads.items():  # cleared now, so that the same step next compiles nothing
-            self.spare_grads[a] = clear_rows(arr, min(arr.shape[0], _pow2(g.rows[a])))
+        # kept as they are for Expression.gradient(), and cleared when the next pass takes
+        # them (a bucketed row count, so that the same step next compiles nothing)
+        for a, arr in grads.items():
+            used = min(arr.shape[0], _pow2(g.rows[a]))
+            compile_clear(arr, used)
+            self.spare_grads[a] = (arr, used)
+        self.last_grads = (g, grads)
 
     def _backward_batch(self, g, grads, loss_node, live, once, sig, modes, B, packet, nodes,
                         gflags, fwd, saved):
@@ -570,21 +579,31 @@ class Engine:
     def _gradient_arenas(self, g):
         """Zero gradient arenas, one per value arena ``g`` uses.
 
-        Each backward pass leaves its arenas for the next, after setting the rows it wrote
-        to zero (a prefix: a graph's rows are handed out from 0). A new arena would cost a
+        Each backward pass leaves its arenas for the next, which sets the rows written to
+        zero (a prefix: a graph's rows are handed out from 0). A new arena would cost a
         fresh allocation and a fill of its full capacity, which XLA:CPU runs on the calling
         thread (the synthetic BiLSTM's 64 MB arena: 22-30 ms, against 1.3-3.7 ms to clear a
         used one in place; its updates, alternated in one process: 781 -> 740 ms median).
         """
+        self.last_grads = None  # their arenas are this pass's now
         grads = {}
         for a in g.rows:
             arena = self.arenas[a]
-            spare = self.spare_grads.pop(a, None)
+            spare, used = self.spare_grads.pop(a, (None, 0))
             if spare is None or spare.shape != arena.shape:
                 spare = zeros(arena.shape, arena.dtype)
+            elif used:
+                spare = clear_rows(spare, used)
             grads[a] = spare
         return grads
 
+    def gradient(self, g, v: int) -> np.ndarray:
+        """The cotangent of value ``v`` (built before it) in the last backward pass, or
+        None if that pass was not ``g``'s."""
+        if self.last_grads is None or self.last_grads[0] is not g:
+            return None
+        arena = self.last_grads[1][g.val_akey[v]]  # every arena of g's values has one
+        return np.asarray(_gather_rows(arena, np.array([g.val_row[v]], np.int32)))[0]
 
 def _undo_launch(g, sig, n_kernels: int, n_batches: int, n_launches: int) -> None:
     """Forget a failed launch: the kernels it made (cached in insertion order; one may be

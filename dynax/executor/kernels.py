@@ -442,3 +442,18 @@ def _clear(garena, rows: int):
 
 # a used gradient arena's first ``rows`` rows set to zero, in place, for the next backward
 clear_rows = jax.jit(_clear, static_argnums=(1,), donate_argnums=(0,))
+
+_CLEARS_COMPILED: set = set()  # (shape, dtype, sharding, rows) compiled ahead of their use
+
+
+def compile_clear(garena, rows: int) -> None:
+    """Compile ``clear_rows(garena, rows)`` now without running it (JAX's ahead-of-time
+    path fills the cache that the call will use). A backward pass leaves its arenas
+    uncleared, for ``Expression.gradient()``, and the next pass clears them: compiling here
+    keeps the first pass the one that compiles, so a second identical step compiles
+    nothing."""
+    key = (garena.shape, garena.dtype, garena.sharding, rows)
+    if key not in _CLEARS_COMPILED:
+        aval = jax.ShapeDtypeStruct(garena.shape, garena.dtype, sharding=garena.sharding)
+        clear_rows.lower(aval, rows).compile()
+        _CLEARS_COMPILED.add(key)

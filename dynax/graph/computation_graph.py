@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from ..errors import ArgumentTypeError, IndexOutOfRangeError, StaleExpressionError
+from ..errors import (ArgumentTypeError, IndexOutOfRangeError, InvalidArgumentError,
+                      StaleExpressionError)
 from ..ops.registry import AKEY_AVAL, SIG_CACHE, akey_of, describe, signature_for
 from ..sites import user_site
 
@@ -80,6 +81,7 @@ class ComputationGraph:
         self.val_row: list = []  # arena row once computed (extended lazily by the executor)
         self.pending_consts: list = []  # (value id, host array) not yet in an arena
         self.node_site: dict = {}  # node -> user file:line (check_validity mode only)
+        self.values_at_backward = 0  # values built before the last backward pass
         self.zero_consts: dict = {}  # akey -> value id of a zero constant (list padding)
         self.scalar_consts: dict = {}  # number -> value id of its 0-d constant (operands)
         # execution state
@@ -273,9 +275,29 @@ class ComputationGraph:
         self.forward_to(value_id)
         t = time.perf_counter()
         self.engine.backward(self, value_id)
+        self.values_at_backward = len(self.val_node)  # later values have no gradient
         end = time.perf_counter()
         self.seconds["backward"] += end - t
         self._mark = end
+
+    def gradient(self, value_id: int) -> np.ndarray:
+        """The gradient of the last ``backward()`` of this graph with respect to a value."""
+        self.check_alive()
+        if not self.val_rg[value_id]:
+            raise InvalidArgumentError(
+                "gradient: this expression depends on no parameter, so backward() computes "
+                "no gradient for it (to differentiate with respect to an input, hold the "
+                "input in a parameter)")
+        if value_id >= self.values_at_backward > 0:
+            raise InvalidArgumentError("gradient: this expression was built after the last "
+                                       "backward(), which computed no gradient for it")
+        grad = self.engine.gradient(self, value_id)
+        if grad is None:
+            raise InvalidArgumentError(
+                "gradient: no gradient of this graph is kept: call backward() first. The "
+                "gradients of a backward pass are kept until the next one, of any graph, "
+                "and dx.release_memory()")
+        return grad
 
     def read(self, value_id: int) -> np.ndarray:
         """A value on the host (computed first if pending)."""

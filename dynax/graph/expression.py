@@ -80,6 +80,13 @@ class Expression(Operators):
                 "(reduce it first, e.g. with dx.sum_elems)")
         self.g.backward(self.v)
 
+    def gradient(self) -> np.ndarray:
+        """d(loss)/d(self) from the last ``loss.backward()`` of this graph (DyNet's
+        ``gradient``), as an array of this expression's shape. Kept until the next backward
+        pass of any graph of this thread; only for expressions that depend on a parameter
+        (the backward pass computes nothing for the others)."""
+        return self.g.gradient(self.v)
+
     # ---- operators (``+ - * / @`` and unary ``-`` come from ``Operators``) -----------------
     def __getitem__(self, i):
         return _ops.pick(self, i)

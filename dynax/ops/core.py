@@ -123,6 +123,18 @@ def _single_general(op, x, rest_kinds, rest):
     return _node(op, k + rest_kinds, [x, *rest])
 
 
+@atomic  # an array argument turned into a constant is removed again if the node fails
+def _tensor_node(op, tensors, statics):
+    """One node of ``op`` over tensor arguments (Expressions, Parameters or arrays, never
+    numbers) followed by static ones."""
+    kinds, items = "", []
+    for t in tensors:
+        k, item = _one(t, op.name)
+        kinds += k
+        items.append(item)
+    return _node(op, kinds + "s" * len(statics), items + list(statics))
+
+
 def _shape(a):
     return () if not hasattr(a, "shape") else tuple(a.shape)
 

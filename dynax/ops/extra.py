@@ -15,8 +15,8 @@ import jax.scipy.special
 import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
-from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _node, _one, _real,
-                   _shape, _single, _unary, _vector, atomic, cmult, concatenate,
+from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _real, _shape,
+                   _single, _tensor_node, _unary, _vector, atomic, cmult, concatenate,
                    concatenate_cols, draw_key, input, lookup, parameter, seed_and_node_bounds,
                    training_draw, zeros)
 from .registry import CHEAP, HEAVY, OpDef
@@ -486,14 +486,6 @@ def sparsemax(x):
 
 # ---- losses -------------------------------------------------------------------------------------
 
-@atomic  # an array operand's constant is removed again if the node fails
-def _tensors_and_statics(op, tensors, statics):
-    """One node of ``op`` over tensor arguments (Expressions, Parameters or arrays, never
-    numbers) followed by static ones."""
-    kinds, items = zip(*(_one(x, op.name) for x in tensors))
-    return _node(op, "".join(kinds) + "s" * len(statics), [*items, *statics])
-
-
 def _huber(a, b, c):
     r = jnp.abs(a - b)
     return jnp.sum(jnp.where(r < c, r * r, c * (2.0 * r - c)))
@@ -506,7 +498,7 @@ def huber_distance(x, y, c: float = 1.345):
     """Huber distance of two expressions of one shape, as DyNet's: the sum over elements of
     ``r**2`` where ``r = |x - y| < c`` and ``c * (2r - c)`` elsewhere (twice the textbook
     Huber loss, so that it equals ``squared_distance`` for small residuals)."""
-    return _tensors_and_statics(HUBER, (x, y), (_real("huber_distance", "c", c, 0.0),))
+    return _tensor_node(HUBER, (x, y), (_real("huber_distance", "c", c, 0.0),))
 
 
 PAIRWISE_RANK = OpDef("pairwise_rank_loss", lambda x, y, m: jnp.maximum(0.0, m - x + y),
@@ -516,7 +508,7 @@ PAIRWISE_RANK = OpDef("pairwise_rank_loss", lambda x, y, m: jnp.maximum(0.0, m -
 def pairwise_rank_loss(x, y, m: float = 1.0):
     """``max(0, m - x + y)`` elementwise: the margin loss of a score ``x`` that should beat
     ``y`` by at least ``m`` (DyNet's)."""
-    return _tensors_and_statics(PAIRWISE_RANK, (x, y),
+    return _tensor_node(PAIRWISE_RANK, (x, y),
                                 (_number("pairwise_rank_loss", "m", m),))
 
 

@@ -580,3 +580,66 @@ def test_const_parameter_and_const_lookup_pass_no_gradient():
     want = np.zeros((4, 3), np.float32)
     want[2] = w  # row 2 read plainly; row 1 through const_lookup
     np.testing.assert_allclose(E.grad, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make,make_tx", [
+    (lambda pc: dx.AmsgradTrainer(pc, learning_rate=0.05), lambda: optax.amsgrad(0.05)),
+    (lambda pc: dx.AdadeltaTrainer(pc, rho=0.9), lambda: optax.adadelta(1.0, rho=0.9)),
+    (lambda pc: dx.CyclicalSGDTrainer(pc, 0.1, 0.5, step_size=2),
+     lambda: optax.sgd(dx.nn.trainers.cyclical_learning_rate(0.1, 0.5, 2)))])
+def test_further_dynet_trainers_equal_their_optax_transform(make, make_tx):
+    pc, E, W = build()
+    trainer, tx = make(pc), make_tx()
+    params = {"E": E.value, "W": W.value}
+    state = tx.init(params)
+    for rows in ([1, 2, 2], [3], [1, 7], [2]):
+        step(trainer, E, W, rows)
+        g = jax.grad(lambda p: ref_loss(p["E"], p["W"], rows))(params)
+        upd, state = tx.update(g, state, params)
+        params = optax.apply_updates(params, upd)
+        np.testing.assert_allclose(E.value, params["E"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(W.value, params["W"], rtol=1e-5, atol=1e-6)
+
+
+def test_adadelta_trainer_follows_dynets_formula():
+    """Zeiler's update, by hand: ``Eg = rho Eg + (1 - rho) g^2; d = sqrt(Ed + eps) /
+    sqrt(Eg + eps) g; Ed = rho Ed + (1 - rho) d^2; p -= d``."""
+    pc, E, W = build()
+    trainer = dx.AdadeltaTrainer(pc, eps=1e-6, rho=0.95)
+    w = np.array(W.value, np.float64)
+    eg, ed = np.zeros_like(w), np.zeros_like(w)
+    for rows in ([1, 2], [2], [4]):
+        dx.renew_cg()
+        loss_of(E, W, rows).backward()
+        g = np.array(W.grad, np.float64)
+        trainer.update()
+        eg = 0.95 * eg + 0.05 * g * g
+        d = np.sqrt(ed + 1e-6) / np.sqrt(eg + 1e-6) * g
+        ed = 0.95 * ed + 0.05 * d * d
+        w = w - d
+        np.testing.assert_allclose(W.value, w, rtol=1e-5, atol=1e-7)
+    assert trainer.learning_rate == 1.0
+
+
+def test_cyclical_sgd_trainer_rate_rises_and_falls_and_steps_by_it():
+    pc, E, W = build()
+    trainer = dx.CyclicalSGDTrainer(pc, learning_rate_min=0.01, learning_rate_max=0.1,
+                                    step_size=2)
+    rates = []
+    for rows in ([1], [2], [3], [4], [5], [6]):
+        lr = trainer.learning_rate
+        rates.append(lr)
+        w = np.array(W.value)
+        dx.renew_cg()
+        loss_of(E, W, rows).backward()
+        g = np.array(W.grad)
+        trainer.update()
+        np.testing.assert_allclose(W.value, w - lr * g, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(rates, [0.01, 0.055, 0.1, 0.055, 0.01, 0.055], rtol=1e-5)
+    decaying = dx.CyclicalSGDTrainer(pc, 0.0, 1.0, step_size=1, gamma=0.5)
+    decaying.updates = 1  # the first peak, its amplitude halved once
+    assert decaying.learning_rate == pytest.approx(0.5)
+    for bad in (dict(step_size=0), dict(step_size=2.5), dict(learning_rate_min=0.2),
+                dict(gamma=-1.0)):
+        with pytest.raises(ValueError, match="CyclicalSGDTrainer"):
+            dx.CyclicalSGDTrainer(pc, **bad)

@@ -7,12 +7,14 @@ from .persistence import load, save
 from .rnn import (BiRNNBuilder, GRUBuilder, LSTMBuilder, RNNState, SimpleRNNBuilder,
                   VanillaLSTMBuilder)
 from .softmax import ClassFactoredSoftmaxBuilder, StandardSoftmaxBuilder
-from .trainers import (AdagradTrainer, AdamTrainer, MomentumSGDTrainer, RMSPropTrainer,
-                       SimpleSGDTrainer, Trainer)
+from .trainers import (AdadeltaTrainer, AdagradTrainer, AdamTrainer, AmsgradTrainer,
+                       CyclicalSGDTrainer, MomentumSGDTrainer, RMSPropTrainer, SimpleSGDTrainer,
+                       Trainer)
 from .tree import ChildSumTreeLSTMBuilder, TreeLSTMBuilder
 
 __all__ = ["LookupParameter", "Parameter", "ParameterCollection", "Trainer", "SimpleSGDTrainer",
-           "AdagradTrainer", "MomentumSGDTrainer", "RMSPropTrainer",
+           "AdagradTrainer", "MomentumSGDTrainer", "RMSPropTrainer", "AdadeltaTrainer",
+           "AmsgradTrainer", "CyclicalSGDTrainer",
            "AdamTrainer", "SimpleRNNBuilder", "LSTMBuilder", "VanillaLSTMBuilder", "GRUBuilder",
            "BiRNNBuilder",
            "RNNState", "TreeLSTMBuilder", "ChildSumTreeLSTMBuilder", "StandardSoftmaxBuilder",

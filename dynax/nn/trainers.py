@@ -452,3 +452,56 @@ class RMSPropTrainer(Trainer):
                  **kwargs):
         super().__init__(pc, optax.rmsprop(learning_rate, decay=decay, eps=eps), **kwargs)
         self._base_learning_rate = learning_rate
+
+
+class AdadeltaTrainer(Trainer):
+    """Adadelta (Zeiler, 2012) as DyNet's: no learning rate (1.0), ``rho`` the decay of the
+    running averages of squared gradients and squared updates."""
+
+    def __init__(self, pc, eps: float = 1e-6, rho: float = 0.95, **kwargs):
+        # Optax's adadelta with learning_rate=None returns the ascent direction: 1.0 it is
+        super().__init__(pc, optax.adadelta(1.0, rho=rho, eps=eps), **kwargs)
+        self._base_learning_rate = 1.0
+
+
+class AmsgradTrainer(Trainer):
+    """AMSGrad (Reddi et al., 2018): Adam with the running maximum of the second moment."""
+
+    def __init__(self, pc, learning_rate=0.001, beta_1: float = 0.9, beta_2: float = 0.999,
+                 eps: float = 1e-8, **kwargs):
+        super().__init__(pc, optax.amsgrad(learning_rate, beta_1, beta_2, eps), **kwargs)
+        self._base_learning_rate = learning_rate
+
+
+def cyclical_learning_rate(learning_rate_min: float, learning_rate_max: float,
+                           step_size: int, gamma: float = 1.0):
+    """Smith's (2017) triangular cyclical rate as a schedule of the update count ``t``: from
+    ``learning_rate_min`` up to ``learning_rate_max`` in ``step_size`` updates and back, the
+    amplitude times ``gamma ** t``."""
+    def schedule(t):
+        cycle = jnp.floor(1 + t / (2 * step_size))
+        x = jnp.abs(t / step_size - 2 * cycle + 1)
+        amplitude = (learning_rate_max - learning_rate_min) * jnp.maximum(0.0, 1.0 - x)
+        return learning_rate_min + amplitude * gamma ** t
+    return schedule
+
+
+class CyclicalSGDTrainer(Trainer):
+    """SGD with DyNet's cyclical learning rate (``cyclical_learning_rate``; Smith, 2017)."""
+
+    sparse_is_exact = True
+
+    def __init__(self, pc, learning_rate_min: float = 0.01, learning_rate_max: float = 0.1,
+                 step_size: int = 2000, gamma: float = 1.0, **kwargs):
+        if isinstance(step_size, bool) or not isinstance(step_size, int) or step_size < 1:
+            raise ValueError(f"CyclicalSGDTrainer: step_size must be an int >= 1, got "
+                             f"{step_size!r}")
+        lo = _non_negative(learning_rate_min, "CyclicalSGDTrainer: learning_rate_min")
+        hi = _non_negative(learning_rate_max, "CyclicalSGDTrainer: learning_rate_max")
+        if hi < lo:
+            raise ValueError(f"CyclicalSGDTrainer: learning_rate_max ({hi}) is below "
+                             f"learning_rate_min ({lo})")
+        schedule = cyclical_learning_rate(lo, hi, step_size,
+                                          _non_negative(gamma, "CyclicalSGDTrainer: gamma"))
+        super().__init__(pc, optax.sgd(schedule), **kwargs)
+        self._base_learning_rate = schedule

@@ -20,7 +20,7 @@ import dynax as dx
 from test_ops import STRATEGIES, TOL, Case, inp, instance_data, make_params, normal
 from test_ops import test_value_and_grad as _check_value_and_grad  # not collected here
 
-# ---- plain-JAX references ------------------------------------------------------------------------
+# ---- plain-JAX references -----------------------------------------------------------------------
 
 
 def _out_and_pad(n, k, s, same):
@@ -43,7 +43,7 @@ def _windows(x, kh, kw, stride, same, fill):
 
 
 def ref_conv(x, f, b=None, stride=(1, 1), same=False):
-    """Cross-correlation: out[i, j, o] = sum_{a, b, c} xpad[i*sh + a, j*sw + b, c] f[a, b, c, o]."""
+    """Cross-correlation: out[i, j, o] = sum_abc xpad[i sh + a, j sw + b, c] f[a, b, c, o]."""
     out = sum(jnp.einsum("ijc,co->ijo", win, f[a, b_])
               for (a, b_), win in _windows(x, f.shape[0], f.shape[1], stride, same, 0.0).items())
     return out if b is None else out + b[None, None, :]
@@ -64,7 +64,7 @@ def ref_kmax(x, k, d):
     return jnp.take_along_axis(x, keep, axis=d)
 
 
-# ---- cases ---------------------------------------------------------------------------------------
+# ---- cases --------------------------------------------------------------------------------------
 # Shared shapes and parameters (a signature includes them): one image shape (5, 6, 2) with the
 # parameter "I" added (so the input's gradient is checked, as test_ops' ``ev``), one filter
 # bank "F" (3, 3, 2, 4) and one bias "b" (4,).
@@ -179,7 +179,7 @@ def test_agenda_batches_convolutions():
             np.testing.assert_allclose(a, b, **TOL)
 
 
-# ---- errors at construction ----------------------------------------------------------------------
+# ---- errors at construction ---------------------------------------------------------------------
 
 
 def test_failed_call_removes_its_array_constant():
@@ -262,7 +262,7 @@ def test_errors(name, cls, opname, parts, call):
     np.testing.assert_allclose(after.npvalue(), ref_conv(x, V["F"], V["b"]), **TOL)
 
 
-# ---- a tiny char-CNN learns ----------------------------------------------------------------------
+# ---- a tiny char-CNN learns ---------------------------------------------------------------------
 
 VOCAB, EMB, CH = 6, 3, 4
 

@@ -5,8 +5,8 @@ For one (op, kinds) pair that loop and those branches are the same on every call
 first call generates a straight-line function for the pair (as ``namedtuple`` and
 ``dataclasses`` generate their methods): it unpacks the arguments, builds the signature
 key, reads producer depths, appends the node and returns its Expression(s). Anything
-unusual (a stale argument, a new signature, an index to check the slow way, validity
-mode) takes the general ``add_node`` path, which checks, raises, and changes nothing on
+unusual (a stale argument, a new signature, an index to check the slow way, validity or
+immediate mode) takes the general ``add_node`` path, which checks, raises, and changes nothing on
 failure; so the generated code never needs to report an error itself.
 """
 from __future__ import annotations
@@ -23,14 +23,22 @@ def append_node(g, op, kinds: str, args):
     if fn is None:  # the first call: checked, and it tells how many outputs the op returns
         v, sig = g.add_node(op, kinds, args)
         _APPENDERS[op, kinds] = _generate(op, kinds, len(sig.out_akeys), sig.multi)
-        return wrap(g, v, sig)
+        return _computed_if_immediate(g, wrap(g, v, sig))
     return fn(g, args)
 
 
 def general(g, op, kinds, args):
     """The checked path: ``add_node``, outputs wrapped as Expressions."""
     v, sig = g.add_node(op, kinds, args)
-    return wrap(g, v, sig)
+    return _computed_if_immediate(g, wrap(g, v, sig))
+
+
+def _computed_if_immediate(g, out):
+    """In ``immediate_compute`` mode the node is computed now, unless a composite
+    construction is under way (``ops.atomic`` computes its nodes once all are built)."""
+    if g.immediate_compute and not g.constructing:
+        g.forward_to()
+    return out
 
 
 def wrap(g, v, sig):
@@ -53,7 +61,7 @@ def _generate(op, kinds: str, n_out: int, multi: bool):
         else:
             key.append("None" if k == "i" else f"a{i}")
     unpack = "".join(f"a{i}, " for i in range(len(kinds)))
-    guard = " or ".join(["g.check_validity"] + [f"a{i}.g is not g" for i in vpos])
+    guard = " or ".join(["g.checked_path"] + [f"a{i}.g is not g" for i in vpos])
     lines = ["def append(g, args):",
              f"    {unpack} = args",
              f"    if {guard}:",

@@ -48,10 +48,11 @@ class ComputationGraph:
     """One per-instance graph, current for the thread that made it with ``dx.renew_cg``."""
 
     def __init__(self, autobatch: str = "agenda", train: bool = True, seed: int | None = None,
-                 check_validity: bool = False):
+                 check_validity: bool = False, immediate_compute: bool = False):
         if autobatch not in STRATEGIES:
             raise ValueError(f"renew_cg: autobatch must be one of {STRATEGIES}, got {autobatch!r}")
-        for name, flag in (("train", train), ("check_validity", check_validity)):
+        for name, flag in (("train", train), ("check_validity", check_validity),
+                           ("immediate_compute", immediate_compute)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise ValueError(f"renew_cg: {name} must be True or False, got {flag!r}")
         if seed is not None and (isinstance(seed, (bool, np.bool_))
@@ -61,6 +62,10 @@ class ComputationGraph:
         self.autobatch = autobatch
         self.train = bool(train)
         self.check_validity = bool(check_validity)
+        self.immediate_compute = bool(immediate_compute)
+        # nodes take the checked path of add_node (appenders.append_node) in either mode
+        self.checked_path = self.check_validity or self.immediate_compute
+        self.constructing = 0  # depth of composite constructions under way (ops.atomic)
         if seed is None:
             _seed_counter[0] += 1
             seed = _seed_counter[0]
@@ -370,7 +375,7 @@ def as_index(x) -> int:
 
 
 def renew_cg(autobatch: str = "agenda", train: bool = True, seed: int | None = None,
-             check_validity: bool = False) -> ComputationGraph:
+             check_validity: bool = False, immediate_compute: bool = False) -> ComputationGraph:
     """Start a fresh computation graph and make it current for this thread.
 
     Args:
@@ -378,8 +383,12 @@ def renew_cg(autobatch: str = "agenda", train: bool = True, seed: int | None = N
       train: when False, ``dx.dropout`` is the identity.
       seed: seed of the graph's random numbers (dropout); a new one per graph if None.
       check_validity: raise at the first non-finite value computed.
+      immediate_compute: compute each operation's value when it is built (DyNet's; for
+        debugging: an error is raised by the call that caused it, with check_validity a
+        non-finite value too), node by node instead of batched.
     """
-    cg = ComputationGraph(autobatch, train, seed, check_validity)  # checks: raises first
+    cg = ComputationGraph(autobatch, train, seed, check_validity,
+                          immediate_compute)  # checks: raises first
     old = getattr(_local, "cg", None)
     if old is not None:
         old.retire()

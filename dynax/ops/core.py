@@ -59,11 +59,17 @@ def atomic(fn):
     def wrapper(*args, **kwargs):
         g = current_graph()
         mark = g.mark()
+        g.constructing += 1
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         except BaseException:
             g.rollback(mark)
             raise
+        finally:
+            g.constructing -= 1
+        if g.immediate_compute and not g.constructing:  # its nodes, once all are built
+            g.forward_to()
+        return out
     return wrapper
 
 

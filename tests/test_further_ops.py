@@ -290,3 +290,17 @@ def test_dynet_initializers():
         dx.NormalInitializer(0.0, -1.0)
     with pytest.raises(dx.InvalidArgumentError, match="init callable returned shape"):
         pc.add_parameters((3,), init=dx.NumpyInitializer([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_sparsemax_entry_exactly_at_the_threshold_gets_no_gradient(strategy):
+    """x = (1, 0, -1): sparsemax is (1, 0, 0) and the threshold is 0, exactly x[1]. The
+    paper's Jacobian (diag(s) - s s^T / |s| over the support s = {y > 0}) gives row 1 zero;
+    a max(x - tau, 0) would split the tie and give (0.5, -0.5, 0)."""
+    pc = dx.ParameterCollection(seed=0)
+    p = pc.add_parameters((3,), init=np.array([1.0, 0.0, -1.0], np.float32))
+    dx.renew_cg(autobatch=strategy)
+    y = dx.sparsemax(p)
+    np.testing.assert_array_equal(y.npvalue(), [1.0, 0.0, 0.0])
+    dx.pick(y, 1).backward()
+    np.testing.assert_array_equal(np.asarray(p.grad), [0.0, 0.0, 0.0])

@@ -230,3 +230,23 @@ def test_a_replaced_graph_lets_go_of_its_residuals_and_values():
     assert old.stats()["batches"] == n_batches
     with pytest.raises(dx.StaleExpressionError):
         loss.value()
+
+
+def test_release_memory_ends_the_current_graph_instead_of_zeroing_its_values():
+    """Its arenas held the graph's computed values: reading them, or building on them,
+    afterwards is refused (it read zeros before), and the next graph works."""
+    pc = dx.ParameterCollection(seed=0)
+    W, E = pc.add_parameters((3, 4)), pc.add_lookup_parameters((10, 4))
+    dx.renew_cg()
+    h = W @ E[2]
+    h.forward()
+    dx.release_memory()
+    for use in (lambda: h.npvalue(), lambda: h * 1.0, lambda: dx.sum_elems(h).backward()):
+        with pytest.raises(dx.StaleExpressionError, match="dx.release_memory\\(\\) dropped"):
+            use()
+    h = W @ E[2]  # a new graph, started by the next operation
+    np.testing.assert_allclose(h.npvalue(), np.asarray(W.value) @ np.asarray(E.value)[2],
+                               rtol=1e-6)
+    empty = dx.renew_cg()
+    dx.release_memory()  # a graph without values stays current
+    assert dx.current_graph() is empty

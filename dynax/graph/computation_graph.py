@@ -71,6 +71,7 @@ class ComputationGraph:
             seed = _seed_counter[0]
         self.seed = int(seed) & 0x7FFFFFFF
         self.alive = True
+        self.retired_because = ""  # set by retire()
         self.failed: str | None = None  # why the graph stopped, if a batch failed to run
         # nodes
         self.node_sig: list = []  # Signature of each node
@@ -240,11 +241,13 @@ class ComputationGraph:
 
     # ---- computation -------------------------------------------------------------------
 
-    def retire(self) -> None:
-        """Replaced by a new graph: its expressions raise from now on, so what only they
-        could use (the batches' saved residuals, host copies of values) is let go, also
-        while the user still holds them (a list of losses instead of their values)."""
+    def retire(self, reason: str = "replaced by dx.renew_cg()") -> None:
+        """Replaced by a new graph (or its values dropped by ``dx.release_memory()``): its
+        expressions raise from now on, so what only they could use (the batches' saved
+        residuals, host copies of values) is let go, also while the user still holds them
+        (a list of losses instead of their values)."""
         self.alive = False
+        self.retired_because = reason
         self.batches = []
         self.host_values = {}
         self.pending_reads = {}
@@ -254,7 +257,7 @@ class ComputationGraph:
         """Raise ``StaleExpressionError`` if ``dx.renew_cg`` has replaced this graph."""
         if not self.alive:
             raise StaleExpressionError(
-                f"{what} belongs to a computation graph replaced by dx.renew_cg(); "
+                f"{what} belongs to a computation graph {self.retired_because}; "
                 "build expressions again on the current graph")
 
     @_counting_compiles
@@ -360,7 +363,7 @@ def _stale(expr, opname):
             f"{opname}: an argument belongs to another thread's computation graph; "
             "expressions are used on the thread that built them")
     raise StaleExpressionError(
-        f"{opname}: an argument belongs to a computation graph replaced by dx.renew_cg(); "
+        f"{opname}: an argument belongs to a computation graph {expr.g.retired_because}; "
         "build expressions again on the current graph")
 
 
@@ -394,6 +397,15 @@ def renew_cg(autobatch: str = "agenda", train: bool = True, seed: int | None = N
         old.retire()
     _local.cg = cg
     return cg
+
+
+def retire_current_graph(reason: str) -> None:
+    """End this thread's current graph, if it has values (``dx.release_memory()`` drops
+    the arenas that hold them); the next operation starts a new one."""
+    cg = getattr(_local, "cg", None)
+    if cg is not None and cg.val_node:
+        cg.retire(reason)
+        _local.cg = None
 
 
 def current_graph() -> ComputationGraph:

@@ -472,7 +472,9 @@ def _sparsemax(x):
     sums = jnp.cumsum(z)
     support = jnp.sum(1.0 + k * z > sums)  # the first `support` sorted entries stay positive
     tau = (sums[support - 1] - 1.0) / support.astype(x.dtype)
-    return jnp.maximum(x - tau, 0.0)
+    # not jnp.maximum: an entry exactly at tau is outside the support, gradient included
+    # (the paper's Jacobian), where maximum would split the gradient of the tie
+    return jnp.where(x > tau, x - tau, 0.0)
 
 
 SPARSEMAX = OpDef("sparsemax", _sparsemax, CHEAP, check=_vector("sparsemax"))

@@ -146,7 +146,12 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
                              np.ones(3, np.float32)), dx.ShapeError,
      r"layer_norm: all arguments must have the same shape"),
     (lambda x: dx.weight_norm(x, np.ones(2, np.float32)), dx.ShapeError,
-     r"weight_norm: the gain must be a scalar, got shape \(2,\)"),
+     r"weight_norm: expected a scalar gain \(shape \(\) or \(1,\)\), got shape \(2,\)"),
+    (lambda x: dx.constant((2, -1), 1.0), dx.InvalidArgumentError,
+     r"constant: the shape must be an int or a sequence of ints >= 0, got \(2, -1\)"),
+    (lambda x: dx.zeroes(2.5), dx.InvalidArgumentError, r"zeroes: the shape must be"),
+    (lambda x: dx.zeros(None), dx.InvalidArgumentError, r"zeros: the shape must be"),
+    (lambda x: dx.ones([2, True]), dx.InvalidArgumentError, r"ones: the shape must be"),
     (lambda x: dx.sparsemax(x), dx.ShapeError, r"sparsemax: expected a vector"),
     (lambda x: dx.huber_distance(x, 1.0), dx.ArgumentTypeError,
      r"huber_distance: expected an Expression or Parameter"),
@@ -304,3 +309,49 @@ def test_sparsemax_entry_exactly_at_the_threshold_gets_no_gradient(strategy):
     np.testing.assert_array_equal(y.npvalue(), [1.0, 0.0, 0.0])
     dx.pick(y, 1).backward()
     np.testing.assert_array_equal(np.asarray(p.grad), [0.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_rounding_is_dynets_and_straight_through_values_are_exact(strategy):
+    """round takes halves away from zero (C's round, as DyNet's); a straight-through op's
+    value is exactly the function's (x + (y - x) missed a one-hot's 1 by a rounding)."""
+    dx.renew_cg(autobatch=strategy)
+    halves = dx.round(dx.input(np.array([0.5, 1.5, 2.5, -0.5, -2.5, 0.49999997, 2.4],
+                                        np.float32)), "straight_through_gradient")
+    np.testing.assert_array_equal(halves.npvalue(), [1, 2, 3, -1, -3, 0, 2])
+    r = np.random.default_rng(0)
+    xs = [r.normal(size=5).astype(np.float32) * 40 + 1e3 for _ in range(50)]
+    hots = [dx.argmax(dx.input(x), "straight_through_gradient") for x in xs]
+    dx.forward(hots)
+    for x, h in zip(xs, hots):
+        np.testing.assert_array_equal(h.npvalue(), np.eye(5, dtype=np.float32)[np.argmax(x)])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_dynet_style_gain_of_shape_1_is_a_scalar(strategy):
+    pc = dx.ParameterCollection(seed=0)
+    w = pc.add_parameters((2, 3))
+    g = pc.add_parameters(1, init=2.0)
+    dx.renew_cg(autobatch=strategy)
+    y = dx.weight_norm(w, g)
+    assert y.shape == (2, 3)
+    wv = np.asarray(w.value)
+    np.testing.assert_allclose(y.npvalue(), 2.0 * wv / np.linalg.norm(wv), rtol=1e-6)
+    dx.sum_elems(y).backward()
+    want = jax.grad(lambda gv: jnp.sum(wv * gv[0] / jnp.linalg.norm(wv)))(jnp.array([2.0]))
+    np.testing.assert_allclose(np.asarray(g.grad), want, rtol=1e-5)
+    loss = dx.poisson_loss(g, 3)
+    assert loss.shape == ()
+    assert loss.value() == pytest.approx(np.exp(2.0) - 3 * 2.0 + np.log(6.0), rel=1e-5)
+
+
+def test_conv2d_takes_dynets_keyword_is_valid_after_a_stride():
+    pc = dx.ParameterCollection(seed=0)
+    f = pc.add_parameters((2, 2, 1, 3))
+    dx.renew_cg()
+    x = dx.input(np.ones((4, 4, 1), np.float32))
+    assert dx.conv2d(x, f, [1, 1], is_valid=False).shape == (4, 4, 3)
+    assert dx.conv2d(x, f, (2, 2), is_valid=True).shape == (2, 2, 3)
+    assert dx.conv2d(x, f, [1, 1], False).shape == (4, 4, 3)
+    with pytest.raises(dx.InvalidArgumentError, match="conv2d: is_valid is given twice"):
+        dx.conv2d(x, f, [1, 1], False, is_valid=True)

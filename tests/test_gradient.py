@@ -143,3 +143,16 @@ def test_another_graphs_backward_pass_takes_the_gradients_back():
     t.start()
     t.join()
     np.testing.assert_allclose(h.gradient(), np.ones(3))
+
+
+def test_gradient_is_the_callers_copy_and_a_constant_backward_keeps_none():
+    pc, W, U, b = _model()
+    dx.renew_cg()
+    h = dx.tanh(b)
+    dx.sum_elems(h).backward()
+    g = h.gradient()
+    g *= 0.5  # writable, as npvalue()'s
+    np.testing.assert_allclose(h.gradient(), np.ones(3))
+    dx.input(np.float32(2.0)).backward()  # a constant: nothing to differentiate
+    with pytest.raises(dx.InvalidArgumentError, match="or of a constant, keeps none"):
+        h.gradient()

@@ -639,6 +639,8 @@ def test_cyclical_sgd_trainer_rate_rises_and_falls_and_steps_by_it():
     decaying = dx.CyclicalSGDTrainer(pc, 0.0, 1.0, step_size=1, gamma=0.5)
     decaying.updates = 1  # the first peak, its amplitude halved once
     assert decaying.learning_rate == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="rate is a schedule; set learning_rate_scale"):
+        trainer.learning_rate = 0.5
     for bad in (dict(step_size=0), dict(step_size=2.5), dict(learning_rate_min=0.2),
                 dict(gamma=-1.0)):
         with pytest.raises(ValueError, match="CyclicalSGDTrainer"):

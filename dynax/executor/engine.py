@@ -456,8 +456,9 @@ class Engine:
     # ---- backward --------------------------------------------------------------------------------
     def backward(self, g, v: int):
         loss_node = g.val_node[v]
-        if loss_node < 0:
-            return  # a constant: no parameter contributed
+        if loss_node < 0:  # a constant: no parameter contributed, nothing to differentiate
+            self.last_grads = None  # the gradients of a pass before are not this one's
+            return
         if v not in g.host_values:
             # queue the loss's read ahead of the backward kernels, so that a loop reading
             # it after ``trainer.update()`` waits for the forward pass only
@@ -603,7 +604,8 @@ class Engine:
         if self.last_grads is None or self.last_grads[0] is not g:
             return None
         arena = self.last_grads[1][g.val_akey[v]]  # every arena of g's values has one
-        return np.asarray(_gather_rows(arena, np.array([g.val_row[v]], np.int32)))[0]
+        # the caller's own copy, writable, as npvalue()
+        return np.array(_gather_rows(arena, np.array([g.val_row[v]], np.int32))[0])
 
 def _undo_launch(g, sig, n_kernels: int, n_batches: int, n_launches: int) -> None:
     """Forget a failed launch: the kernels it made (cached in insertion order; one may be

@@ -302,9 +302,9 @@ class ComputationGraph:
         grad = self.engine.gradient(self, value_id)
         if grad is None:
             raise InvalidArgumentError(
-                "gradient: no gradient of this graph is kept: call backward() first. The "
-                "gradients of a backward pass are kept until the next one, of any graph, "
-                "and dx.release_memory()")
+                "gradient: no gradient of this graph is kept: call backward() first (a "
+                "backward pass that failed, or of a constant, keeps none). The gradients of "
+                "a backward pass are kept until the next one, of any graph")
         return grad
 
     def read(self, value_id: int) -> np.ndarray:

@@ -250,9 +250,9 @@ class Trainer:
         base = self._base_learning_rate
         name = type(self).__name__
         if base is None or callable(base) or float(base) == 0.0:
+            what = "unknown" if base is None else "a schedule" if callable(base) else base
             raise ValueError(f"{name}: cannot set learning_rate when the trainer's rate is "
-                             f"{'unknown' if base is None else base!r}; set "
-                             "learning_rate_scale instead")
+                             f"{what}; set learning_rate_scale instead")
         self.learning_rate_scale = _non_negative(value, f"{name}.learning_rate") / float(base)
 
     def _update_table(self, p: LookupParameter, scale, lr_scale):

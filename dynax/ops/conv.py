@@ -96,11 +96,14 @@ def conv2d(x, f, b=None, stride=None, is_valid=None):
     the instances of one signature run as one convolution.
     """
     if isinstance(b, (tuple, list)):  # DyNet's conv2d(x, f, stride, is_valid)
-        if is_valid is not None or (stride is not None and not isinstance(stride, bool)):
+        if stride is not None and not isinstance(stride, bool):
             raise InvalidArgumentError(f"conv2d: the stride is given twice ({b!r} and "
                                        f"{stride!r}); call conv2d(x, f, stride, is_valid) "
                                        "or conv2d(x, f, b, stride, is_valid)")
-        b, stride, is_valid = None, b, stride
+        if stride is not None and is_valid is not None:
+            raise InvalidArgumentError(f"conv2d: is_valid is given twice ({stride!r} and "
+                                       f"{is_valid!r})")
+        b, stride, is_valid = None, b, (stride if stride is not None else is_valid)
     name = "conv2d" if b is None else "conv2d_bias"
     stride = _pair(name, "stride", (1, 1) if stride is None else stride)
     is_valid = _flag(name, "is_valid", True if is_valid is None else is_valid)

@@ -247,14 +247,24 @@ def scalarInput(value) -> Expression:  # noqa: N802  (DyNet's name)
     return input(float(value))
 
 
+def _checked_shape(opname, shape) -> tuple:
+    """``shape`` (an int or a sequence of ints, each >= 0) as a tuple."""
+    dims = (shape,) if isinstance(shape, numbers.Integral) else shape
+    if not isinstance(dims, (tuple, list)) or any(
+            isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 0 for d in dims):
+        raise InvalidArgumentError(f"{opname}: the shape must be an int or a sequence of ints "
+                                   f">= 0, got {shape!r}")
+    return tuple(int(d) for d in dims)
+
+
 def zeros(shape) -> Expression:
     """A constant of zeros."""
-    return input(np.zeros(shape, FLOAT))
+    return input(np.zeros(_checked_shape("zeros", shape), FLOAT))
 
 
 def ones(shape) -> Expression:
     """A constant of ones."""
-    return input(np.ones(shape, FLOAT))
+    return input(np.ones(_checked_shape("ones", shape), FLOAT))
 
 
 # ---- elementwise ------------------------------------------------------------------------------

@@ -15,10 +15,10 @@ import jax.scipy.special
 import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
-from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _real, _shape,
-                   _single, _tensor_node, _unary, _vector, atomic, cmult, concatenate,
-                   concatenate_cols, draw_key, input, lookup, parameter, seed_and_node_bounds,
-                   training_draw, zeros)
+from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _checked_shape,
+                   _real, _shape, _single, _tensor_node, _unary, _vector, atomic, cmult,
+                   concatenate, concatenate_cols, draw_key, input, lookup, parameter,
+                   seed_and_node_bounds, training_draw, zeros)
 from .registry import CHEAP, HEAVY, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------
@@ -344,13 +344,20 @@ def _gradient_mode(opname, mode):
 
 def _piecewise_constant(name, fn, check=None):
     # the value of fn(x); the gradient of zero or, straight through, of the identity
+    # (y + (x - x) is exactly y, where x + (y - x) can miss it by a rounding)
     def apply(x, straight):
-        y = fn(x)
-        return x + jax.lax.stop_gradient(y - x) if straight else jax.lax.stop_gradient(y)
+        y = jax.lax.stop_gradient(fn(x))
+        return y + (x - jax.lax.stop_gradient(x)) if straight else y
     return OpDef(name, apply, CHEAP, check=check)
 
 
-ROUND = _piecewise_constant("round", jnp.round)
+def _round_half_away(x):
+    # C's round(), as DyNet's (Eigen's): halves away from zero; jnp.round takes them to even
+    t = jnp.trunc(x)
+    return jnp.where(jnp.abs(x - t) == 0.5, t + jnp.sign(x), jnp.round(x))
+
+
+ROUND = _piecewise_constant("round", _round_half_away)
 FLOOR = _piecewise_constant("floor", jnp.floor)
 CEIL = _piecewise_constant("ceil", jnp.ceil)
 
@@ -363,7 +370,8 @@ ARGMAX = _piecewise_constant("argmax", _one_hot_argmax, check=_vector("argmax"))
 
 
 def round(x, gradient_mode: str = "zero_gradient"):  # noqa: A001  (DyNet's name)
-    """Elementwise rounding to the nearest integer (halves to even). ``gradient_mode``:
+    """Elementwise rounding to the nearest integer, halves away from zero (C's and DyNet's
+    ``round``; NumPy's rounds them to even). ``gradient_mode``:
     ``"zero_gradient"`` (no gradient flows back) or ``"straight_through_gradient"`` (the
     gradient passes through as if this were the identity), as in DyNet."""
     return _single(ROUND, x, "s", (_gradient_mode("round", gradient_mode),))
@@ -449,19 +457,24 @@ def layer_norm(x, g, b):
     return _apply(LAYER_NORM, x, g, b)
 
 
-def _check_weight_norm(avals, statics):
-    if _shape(avals[1]) != ():
-        raise ShapeError(f"weight_norm: the gain must be a scalar, got shape "
-                         f"{_shape(avals[1])}")
+def _check_scalar(opname, what="", k=0):
+    # a scalar: shape () or, as DyNet's dimension-1 parameters, (1,)
+    def check(avals, statics):
+        if _shape(avals[k]) not in ((), (1,)):
+            raise ShapeError(f"{opname}: expected a scalar{what} (shape () or (1,)), got "
+                             f"shape {_shape(avals[k])}")
+    return check
 
 
-WEIGHT_NORM = OpDef("weight_norm", lambda w, g: w * (g / jnp.sqrt(jnp.sum(w * w))), CHEAP,
-                    check=_check_weight_norm)
+WEIGHT_NORM = OpDef("weight_norm",
+                    lambda w, g: w * (jnp.reshape(g, ()) / jnp.sqrt(jnp.sum(w * w))), CHEAP,
+                    check=_check_scalar("weight_norm", " gain", 1))
 
 
 def weight_norm(w, g):
     """Weight normalisation (Salimans & Kingma 2016): ``w / ||w|| * g`` for a tensor ``w``
-    (usually a parameter) and a scalar gain ``g``; ``||w||`` over all elements."""
+    (usually a parameter) and a scalar gain ``g`` (shape () or (1,)); ``||w||`` over all
+    elements."""
     return _apply(WEIGHT_NORM, w, g)
 
 
@@ -514,20 +527,17 @@ def pairwise_rank_loss(x, y, m: float = 1.0):
                                 (_number("pairwise_rank_loss", "m", m),))
 
 
-def _check_scalar(opname):
-    def check(avals, statics):
-        if _shape(avals[0]) != ():
-            raise ShapeError(f"{opname}: expected a scalar, got shape {_shape(avals[0])}")
-    return check
+def _poisson(log_lambda, x):
+    ll = jnp.reshape(log_lambda, ())
+    return jnp.exp(ll) - x * ll + jax.scipy.special.gammaln(x + 1.0)
 
 
-POISSON = OpDef("poisson_loss",
-                lambda ll, x: jnp.exp(ll) - x * ll + jax.scipy.special.gammaln(x + 1.0),
-                CHEAP, check=_check_scalar("poisson_loss"))
+POISSON = OpDef("poisson_loss", _poisson, CHEAP, check=_check_scalar("poisson_loss"))
 
 
 def poisson_loss(log_lambda, x: int):
-    """``-log Poisson(x; exp(log_lambda))`` for a scalar expression ``log_lambda`` and a count
+    """``-log Poisson(x; exp(log_lambda))`` for a scalar expression ``log_lambda`` (shape ()
+    or (1,); the loss is a scalar) and a count
     ``x`` (a non-negative int, per instance as an index is), as DyNet's."""
     if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0:
         raise InvalidArgumentError(f"poisson_loss: x must be a non-negative int, got {x!r}")
@@ -634,12 +644,13 @@ def cwise_multiply(a, b):
 
 def zeroes(shape):
     """DyNet's other spelling of ``zeros``."""
-    return zeros(shape)
+    return zeros(_checked_shape("zeroes", shape))
 
 
 def constant(shape, value: float):
     """A constant of ``shape`` with every element ``value`` (DyNet's ``constant``)."""
-    return input(np.full(shape, _number("constant", "value", value), np.float32))
+    return input(np.full(_checked_shape("constant", shape), _number("constant", "value", value),
+                         np.float32))
 
 
 __all__ = ["acos", "acosh", "argmax", "asin", "asinh", "atan", "atanh", "bmax", "bmin", "ceil",

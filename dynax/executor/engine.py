@@ -607,6 +607,7 @@ class Engine:
         # the caller's own copy, writable, as npvalue()
         return np.array(_gather_rows(arena, np.array([g.val_row[v]], np.int32))[0])
 
+
 def _undo_launch(g, sig, n_kernels: int, n_batches: int, n_launches: int) -> None:
     """Forget a failed launch: the kernels it made (cached in insertion order; one may be
     what failed to trace or compile, and later graphs would reuse it: an evaluation reuses

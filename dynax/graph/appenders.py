@@ -6,8 +6,8 @@ first call generates a straight-line function for the pair (as ``namedtuple`` an
 ``dataclasses`` generate their methods): it unpacks the arguments, builds the signature
 key, reads producer depths, appends the node and returns its Expression(s). Anything
 unusual (a stale argument, a new signature, an index to check the slow way, validity or
-immediate mode) takes the general ``add_node`` path, which checks, raises, and changes nothing on
-failure; so the generated code never needs to report an error itself.
+immediate mode) takes the general ``add_node`` path, which checks, raises, and changes
+nothing on failure; so the generated code never needs to report an error itself.
 """
 from __future__ import annotations
 

@@ -35,10 +35,15 @@ def step(trainer, E, W, rows):
 def test_dense_mode_equals_optax(make_tx):
     pc, E, W = build()
     tx = make_tx()
-    trainer = dx.Trainer(pc, tx, sparse_updates=False)
+    assert_follows_optax(dx.Trainer(pc, tx, sparse_updates=False), tx, E, W,
+                         ([1, 2, 2], [3], [1, 7]))
+
+
+def assert_follows_optax(trainer, tx, E, W, batches):
+    """The trainer's updates over ``batches`` equal ``tx`` applied to jax.grad's gradients."""
     params = {"E": E.value, "W": W.value}
     state = tx.init(params)
-    for rows in ([1, 2, 2], [3], [1, 7]):
+    for rows in batches:
         step(trainer, E, W, rows)
         g = jax.grad(lambda p: ref_loss(p["E"], p["W"], rows))(params)
         upd, state = tx.update(g, state, params)
@@ -589,16 +594,7 @@ def test_const_parameter_and_const_lookup_pass_no_gradient():
      lambda: optax.sgd(dx.nn.trainers.cyclical_learning_rate(0.1, 0.5, 2)))])
 def test_further_dynet_trainers_equal_their_optax_transform(make, make_tx):
     pc, E, W = build()
-    trainer, tx = make(pc), make_tx()
-    params = {"E": E.value, "W": W.value}
-    state = tx.init(params)
-    for rows in ([1, 2, 2], [3], [1, 7], [2]):
-        step(trainer, E, W, rows)
-        g = jax.grad(lambda p: ref_loss(p["E"], p["W"], rows))(params)
-        upd, state = tx.update(g, state, params)
-        params = optax.apply_updates(params, upd)
-        np.testing.assert_allclose(E.value, params["E"], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(W.value, params["W"], rtol=1e-5, atol=1e-6)
+    assert_follows_optax(make(pc), make_tx(), E, W, ([1, 2, 2], [3], [1, 7], [2]))
 
 
 def test_adadelta_trainer_follows_dynets_formula():

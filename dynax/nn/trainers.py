@@ -465,7 +465,8 @@ class AdadeltaTrainer(Trainer):
 
 
 class AmsgradTrainer(Trainer):
-    """AMSGrad (Reddi et al., 2018): Adam with the running maximum of the second moment."""
+    """AMSGrad (Reddi et al., 2018): Adam with the running maximum of the second moment,
+    as Optax's ``amsgrad`` computes it (the maximum of the bias-corrected moment)."""
 
     def __init__(self, pc, learning_rate=0.001, beta_1: float = 0.9, beta_2: float = 0.999,
                  eps: float = 1e-8, **kwargs):
@@ -487,7 +488,8 @@ def cyclical_learning_rate(learning_rate_min: float, learning_rate_max: float,
 
 
 class CyclicalSGDTrainer(Trainer):
-    """SGD with DyNet's cyclical learning rate (``cyclical_learning_rate``; Smith, 2017)."""
+    """SGD with DyNet's cyclical learning rate (``cyclical_learning_rate``; Smith, 2017);
+    ``gamma`` decays the amplitude per update, 1.0 (the default) not at all."""
 
     sparse_is_exact = True
 

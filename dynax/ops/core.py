@@ -247,13 +247,14 @@ def scalarInput(value) -> Expression:  # noqa: N802  (DyNet's name)
     return input(float(value))
 
 
-def _checked_shape(opname, shape) -> tuple:
-    """``shape`` (an int or a sequence of ints, each >= 0) as a tuple."""
+def _checked_shape(opname, shape, least: int = 0) -> tuple:
+    """``shape`` (an int or a sequence of ints, each >= ``least``) as a tuple."""
     dims = (shape,) if isinstance(shape, numbers.Integral) else shape
     if not isinstance(dims, (tuple, list)) or any(
-            isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 0 for d in dims):
+            isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < least
+            for d in dims):
         raise InvalidArgumentError(f"{opname}: the shape must be an int or a sequence of ints "
-                                   f">= 0, got {shape!r}")
+                                   f">= {least}, got {shape!r}")
     return tuple(int(d) for d in dims)
 
 
@@ -474,20 +475,16 @@ MAX_RANDOM_ELEMENTS = 2 ** 31 - 1  # XLA indexes an array's elements with int32
 
 
 def _random(op, shape, a, b):
-    """A node of the random ``op``; ``shape`` an int or a tuple of positive ints."""
+    """A node of the random ``op``; ``shape`` a positive int or a sequence of them."""
     if in_traced_body():
         raise _traced_error(op.name)
-    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
-    if not isinstance(dims, (tuple, list)) or any(
-            isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
-        raise InvalidArgumentError(f"{op.name}: shape must be a positive int or a tuple of "
-                                   f"them, got {shape!r}")
+    dims = _checked_shape(op.name, shape, 1)
     if np.prod(dims, dtype=np.float64) > MAX_RANDOM_ELEMENTS:  # would fail at run time, and
         # take the graph's other values with it
-        raise InvalidArgumentError(f"{op.name}: shape {tuple(dims)} has more than "
+        raise InvalidArgumentError(f"{op.name}: shape {dims} has more than "
                                    f"{MAX_RANDOM_ELEMENTS} elements")
     g = current_graph()
-    return _node(op, "iisss", [g.seed, len(g.node_sig), tuple(int(d) for d in dims), a, b])
+    return _node(op, "iisss", [g.seed, len(g.node_sig), dims, a, b])
 
 
 def _real(opname, what, x, low=-np.inf, high=np.inf, low_open=False):

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
-from .core import _shape, _tensor_node
+from .core import _int, _shape, _tensor_node
 from .registry import CHEAP, HEAVY, OpDef
 
 _DIMS = ("NHWC", "HWIO", "NHWC")  # x (H, W, Ci), filters (fh, fw, Ci, Co), out (H', W', Co)
@@ -191,10 +191,8 @@ def kmax_pooling(x, k: int, d: int = 1):
     ``k`` must lie in [1, size along d]. The gradient flows to the kept entries; among exact
     ties the earlier entries are kept.
     """
-    for what, v in (("k", k), ("d", d)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise InvalidArgumentError(f"kmax_pooling: {what} must be an int, got {v!r}")
-    return _tensor_node(KMAX_POOLING, (x,), (int(k), int(d)))
+    return _tensor_node(KMAX_POOLING, (x,), (_int("kmax_pooling", "k", k),
+                                             _int("kmax_pooling", "d", d)))
 
 
 __all__ = ["conv2d", "conv2d_bias", "kmax_pooling", "maxpooling2d"]

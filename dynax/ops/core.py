@@ -487,6 +487,13 @@ def _random(op, shape, a, b):
     return _node(op, "iisss", [g.seed, len(g.node_sig), dims, a, b])
 
 
+def _int(opname, what, v) -> int:
+    """``v`` as an int (a bool is not one), else a clear error."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise InvalidArgumentError(f"{opname}: {what} must be an int, got {v!r}")
+    return int(v)
+
+
 def _real(opname, what, x, low=-np.inf, high=np.inf, low_open=False):
     """``x`` as a float in [low, high] (or (low, high] with ``low_open``), else a clear error."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real) or not np.isfinite(x) \

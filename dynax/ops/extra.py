@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
 from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _checked_shape,
-                   _real, _shape, _single, _tensor_node, _unary, _vector, atomic, cmult,
+                   _int, _real, _shape, _single, _tensor_node, _unary, _vector, atomic, cmult,
                    concatenate, concatenate_cols, draw_key, input, lookup, parameter,
                    seed_and_node_bounds, training_draw, zeros)
 from .registry import CHEAP, HEAVY, OpDef
@@ -197,10 +197,9 @@ PICK_RANGE = OpDef("pick_range",
 
 def pick_range(x, start: int, end: int, d: int = 0):
     """Elements ``start`` to ``end - 1`` along dimension ``d`` (DyNet's ``pick_range``)."""
-    for what, v in (("start", start), ("end", end), ("d", d)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise InvalidArgumentError(f"pick_range: {what} must be an int, got {v!r}")
-    return _single(PICK_RANGE, x, "sss", (int(start), int(end), int(d)))
+    return _single(PICK_RANGE, x, "sss", (_int("pick_range", "start", start),
+                                          _int("pick_range", "end", end),
+                                          _int("pick_range", "d", d)))
 
 
 def _check_indices(opname, axis):
@@ -434,9 +433,7 @@ def moment_dim(x, d, r: int):
 
 def cumsum(x, d: int = 0):
     """Running sums along dimension ``d`` (the shape is unchanged)."""
-    if isinstance(d, bool) or not isinstance(d, numbers.Integral):
-        raise InvalidArgumentError(f"cumsum: d must be an int, got {d!r}")
-    return _single(CUMSUM, x, "s", ((int(d),),))
+    return _single(CUMSUM, x, "s", ((_int("cumsum", "d", d),),))
 
 
 # ---- normalisation ------------------------------------------------------------------------------

@@ -156,3 +156,111 @@ def test_gradient_is_the_callers_copy_and_a_constant_backward_keeps_none():
     dx.input(np.float32(2.0)).backward()  # a constant: nothing to differentiate
     with pytest.raises(dx.InvalidArgumentError, match="or of a constant, keeps none"):
         h.gradient()
+
+
+# ---- backward(full=True): the gradients of inputs too --------------------------------------
+
+def _input_reference(W, U, b, seqs, extra):
+    """d(loss)/d(every input) of the chain's loss plus a branch no parameter reaches."""
+    def loss(xs_all, e):
+        total = jnp.sum(jnp.tanh(e) ** 2)
+        for xs in xs_all:
+            h = jnp.zeros(3)
+            for x in xs:
+                h = jnp.tanh(W @ h + U @ x + b)
+            total = total + jnp.sum(h * h) * 0.5 + jnp.sum(h)
+        return total
+    return jax.grad(loss, argnums=(0, 1))([jnp.asarray(xs) for xs in seqs], jnp.asarray(extra))
+
+
+def _chain_with_inputs(W, U, b, seqs, extra, strategy, **graph):
+    """The chain's graph, its inputs as expressions: (loss, per-sequence inputs, extra)."""
+    dx.renew_cg(autobatch=strategy, **graph)
+    inputs, losses = [], []
+    for xs in seqs:
+        h = dx.zeros(3)
+        ins = [dx.input(x) for x in xs]
+        for x in ins:
+            h = _cell(W, U, b, h, x)  # x meets a parameter: saved residuals omit its vjp
+        inputs.append(ins)
+        losses.append(dx.sum_elems(h * h) * 0.5 + dx.sum_elems(h))
+    e = dx.input(extra)
+    losses.append(dx.sum_elems(dx.square(dx.tanh(e))))  # no parameter: no residuals at all
+    return dx.esum(losses), inputs, e
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_full_backward_gives_every_input_its_gradient(strategy):
+    """backward(full=True) equals jax.grad with respect to the inputs, and leaves the
+    parameters' gradients exactly as a plain backward pass does."""
+    pc, W, U, b = _model()
+    seqs, extra = _data(), np.array([0.3, -1.2], np.float32)
+    want_x, want_e = _input_reference(W.value, U.value, b.value, seqs, extra)
+    loss, inputs, e = _chain_with_inputs(W, U, b, seqs, extra, strategy)
+    loss.backward(full=True)
+    for ins, ws in zip(inputs, want_x):
+        for x, w in zip(ins, ws):
+            np.testing.assert_allclose(x.gradient(), np.asarray(w), **TOL)
+    np.testing.assert_allclose(e.gradient(), np.asarray(want_e), **TOL)
+    assert np.abs(np.asarray(want_x[0][0])).sum() > 0  # an early input gets a real gradient
+    full_grads = [np.array(p.grad) for p in (W, U, b)]
+    for p in (W, U, b):
+        p.zero_grad()
+    loss, _, _ = _chain_with_inputs(W, U, b, seqs, extra, strategy)
+    loss.backward()
+    for p, got in zip((W, U, b), full_grads):
+        np.testing.assert_allclose(got, p.grad, **TOL)
+
+
+def test_full_backward_in_validity_mode_matches_the_lazy_graph():
+    pc, W, U, b = _model()
+    seqs, extra = _data(), np.array([0.3, -1.2], np.float32)
+    got = {}
+    for graph in ({}, {"check_validity": True}):
+        loss, inputs, e = _chain_with_inputs(W, U, b, seqs, extra, "agenda", **graph)
+        loss.backward(full=True)
+        got[bool(graph)] = [x.gradient() for ins in inputs for x in ins] + [e.gradient()]
+    for a, c in zip(got[False], got[True]):
+        np.testing.assert_allclose(c, a, **TOL)
+
+
+def test_full_backward_lifetime_and_errors():
+    pc, W, U, b = _model()
+    dx.renew_cg()
+    x = dx.input(np.ones(3, np.float32))
+    unread = dx.input(np.full(3, 2.0, np.float32))  # built before, not read by the loss
+    loss = dx.sum_elems(dx.tanh(W @ x + b))
+    loss.backward()
+    with pytest.raises(dx.InvalidArgumentError, match=r"depends on no parameter.*"
+                                                      r"backward\(full=True\)"):
+        x.gradient()
+    loss.backward(full=True)
+    want = jax.grad(lambda v: jnp.sum(jnp.tanh(W.value @ v + b.value)))(jnp.ones(3))
+    np.testing.assert_allclose(x.gradient(), np.asarray(want), **TOL)
+    np.testing.assert_array_equal(unread.gradient(), np.zeros(3))
+    loss.backward(full=True)  # the last pass's arenas were cleared first: not doubled
+    np.testing.assert_allclose(x.gradient(), np.asarray(want), **TOL)
+    loss.backward()  # a plain pass keeps no input's gradient again
+    with pytest.raises(dx.InvalidArgumentError, match="depends on no parameter"):
+        x.gradient()
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_full_backward_through_lookups_and_random_draws(train):
+    """A lookup's table gradient (also after an evaluation forward, which saved no
+    residuals) and a random draw, which has no argument: its gradient is the loss's
+    with respect to the drawn values."""
+    pc = dx.ParameterCollection(seed=2)
+    E = pc.add_lookup_parameters((5, 3))
+    dx.renew_cg(train=train, autobatch="agenda")
+    noise = dx.random_normal(3)
+    rows = [E[i] for i in (1, 4, 1)]
+    loss = dx.esum([dx.sum_elems(dx.square(r + noise)) for r in rows])
+    loss.backward(full=True)
+    n, table = noise.npvalue(), np.asarray(E.value)
+    want = np.zeros((5, 3), np.float32)
+    for i in (1, 4, 1):
+        want[i] += 2 * (table[i] + n)
+    np.testing.assert_allclose(E.grad, want, **TOL)
+    np.testing.assert_allclose(noise.gradient(), sum(2 * (table[i] + n) for i in (1, 4, 1)),
+                               **TOL)

@@ -454,7 +454,10 @@ class Engine:
                 g.host_values[v] = host[j, ...]  # an ndarray even when 0-d
 
     # ---- backward --------------------------------------------------------------------------------
-    def backward(self, g, v: int):
+    def backward(self, g, v: int, full: bool = False):
+        """Accumulate the gradient of value ``v`` into the parameters it depends on; with
+        ``full``, compute the cotangent of every value the loss depends on as well (inputs
+        included), for ``Expression.gradient()``."""
         loss_node = g.val_node[v]
         if loss_node < 0:  # a constant: no parameter contributed, nothing to differentiate
             self.last_grads = None  # the gradients of a pass before are not this one's
@@ -464,12 +467,12 @@ class Engine:
             # it after ``trainer.update()`` waits for the forward pass only
             g.pending_reads[v] = self._start_read(g, v)
         live = _loss_ancestors(g, loss_node)
-        _check_backward_possible(g, loss_node, live)
+        _check_backward_possible(g, loss_node, live, full)
         grads = self._gradient_arenas(g)
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
         if not g.check_validity:
             try:
-                return self._backward_batches(g, grads, loss_node, live)
+                return self._backward_batches(g, grads, loss_node, live, full)
             except Exception as e:  # restoring needs a copy of every gradient: validity mode
                 e.add_note("dynax: the backward pass stopped part-way, so the parameters' "
                            "gradients are partly accumulated; zero them (p.zero_grad()) "
@@ -478,18 +481,18 @@ class Engine:
                 raise
         snapshot = _gradient_snapshot(g.batches)
         try:
-            self._backward_batches(g, grads, loss_node, live)
+            self._backward_batches(g, grads, loss_node, live, full)
         except BaseException:  # a check failed part-way: no parameter keeps a partial gradient
             _restore_gradients(snapshot)
             raise
 
-    def _backward_batches(self, g, grads, loss_node, live):
+    def _backward_batches(self, g, grads, loss_node, live, full):
         """Run the backward kernels of the batches the loss depends on (``live``: see
         ``_loss_ancestors``), last first."""
         once = _params_of_one_batch(g.batches)
         for batch in reversed(g.batches):
             try:
-                self._backward_batch(g, grads, loss_node, live, once, *batch[:8])
+                self._backward_batch(g, grads, loss_node, live, once, full, *batch[:8])
             except Exception as e:  # e.g. a dx.function JAX cannot differentiate
                 sig, nodes = batch[0], batch[4]
                 e.add_note(f"dynax: while running the backward pass of a batch of {len(nodes)} "
@@ -503,12 +506,18 @@ class Engine:
             self.spare_grads[a] = (arr, used)
         self.last_grads = (g, grads)
 
-    def _backward_batch(self, g, grads, loss_node, live, once, sig, modes, B, packet, nodes,
-                        gflags, fwd, saved):
+    def _backward_batch(self, g, grads, loss_node, live, once, full, sig, modes, B, packet,
+                        nodes, gflags, fwd, saved):
         """One batch's (or fused run's) share of ``_backward_batches``."""
         if min(nodes) > loss_node:
             return
-        if gflags is None:  # forward saved nothing (train=False, or no gradient flowed)
+        if full and gflags != (every := (True,) * len(sig.in_akeys)):
+            # its forward saved the vjp of fewer arguments (those a parameter reaches) or
+            # none: recompute it for all of them
+            if not every and not sig.params:  # a random draw: nothing to differentiate
+                return
+            gflags, fwd, saved = every, None, ()
+        elif gflags is None:  # forward saved nothing (train=False, or no gradient flowed)
             gflags = _grad_flags(g, sig, nodes)
             if gflags is None:
                 return
@@ -618,7 +627,7 @@ def _undo_launch(g, sig, n_kernels: int, n_batches: int, n_launches: int) -> Non
     g.n_launches = n_launches
 
 
-def _check_backward_possible(g, loss_node: int, live) -> None:
+def _check_backward_possible(g, loss_node: int, live, full: bool) -> None:
     """Refuse, before any kernel runs (so nothing is accumulated), a backward pass through
     batches whose parameters changed after they ran (``set_value``, ``populate``, a trainer
     update: the vjp would mix the old values the forward used with the new ones, and the
@@ -626,7 +635,7 @@ def _check_backward_possible(g, loss_node: int, live) -> None:
     differentiate (``Signature.values_only``)."""
     for b in g.batches:
         if b.sig.values_only and b.gflags is None and any(_needed(b.nodes, loss_node, live)) \
-                and _grad_flags(g, b.sig, b.nodes) is not None:
+                and (full or _grad_flags(g, b.sig, b.nodes) is not None):
             raise ValueError(
                 f"backward: the loss depends on '{b.sig.op.name}' (a batch of {len(b.nodes)} "
                 f"node(s), the first built as node {b.nodes[0]}), which JAX cannot "

@@ -88,6 +88,7 @@ class ComputationGraph:
         self.pending_consts: list = []  # (value id, host array) not yet in an arena
         self.node_site: dict = {}  # node -> user file:line (check_validity mode only)
         self.values_at_backward = 0  # values built before the last backward pass
+        self.full_backward = False  # whether that pass kept every value's gradient
         self.zero_consts: dict = {}  # akey -> value id of a zero constant (list padding)
         self.scalar_consts: dict = {}  # number -> value id of its 0-d constant (operands)
         # execution state
@@ -276,13 +277,16 @@ class ComputationGraph:
         self._mark = time.perf_counter()
 
     @_counting_compiles
-    def backward(self, value_id: int):
-        """Accumulate d(value)/d(parameter) into every parameter it depends on
-        (``Expression.backward`` checks first that the value has one element)."""
+    def backward(self, value_id: int, full: bool = False):
+        """Accumulate d(value)/d(parameter) into every parameter it depends on; with
+        ``full``, keep the gradient of every value as well (``Expression.backward`` checks
+        first that the value has one element)."""
         self.check_alive()
         self.forward_to(value_id)
         t = time.perf_counter()
-        self.engine.backward(self, value_id)
+        self.full_backward = False  # until this pass has run
+        self.engine.backward(self, value_id, full)
+        self.full_backward = full
         self.values_at_backward = len(self.val_node)  # later values have no gradient
         end = time.perf_counter()
         self.seconds["backward"] += end - t
@@ -291,11 +295,11 @@ class ComputationGraph:
     def gradient(self, value_id: int) -> np.ndarray:
         """The gradient of the last ``backward()`` of this graph with respect to a value."""
         self.check_alive()
-        if not self.val_rg[value_id]:
+        if not (self.val_rg[value_id] or self.full_backward):
             raise InvalidArgumentError(
                 "gradient: this expression depends on no parameter, so backward() computes "
-                "no gradient for it (to differentiate with respect to an input, hold the "
-                "input in a parameter)")
+                "no gradient for it; call backward(full=True) to have the gradient of every "
+                "expression, inputs included")
         if value_id >= self.values_at_backward > 0:
             raise InvalidArgumentError("gradient: this expression was built after the last "
                                        "backward(), which computed no gradient for it")

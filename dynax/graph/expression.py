@@ -72,19 +72,24 @@ class Expression(Operators):
             raise ValueError(f"scalar_value: expression has shape {a.shape}, not one element")
         return float(a.reshape(()))
 
-    def backward(self) -> None:
-        """Accumulate d(self)/d(p) into ``p.grad`` of every parameter that contributed."""
+    def backward(self, full: bool = False) -> None:
+        """Accumulate d(self)/d(p) into ``p.grad`` of every parameter that contributed.
+
+        With ``full`` (DyNet's), the pass also computes the gradient of every expression
+        the loss depends on, inputs and other constants included, for ``gradient()``; its
+        batches that no parameter reaches run backward kernels that recompute their vjp,
+        so it costs more than a plain pass."""
         if int(np.prod(self.shape)) != 1:
             raise NonScalarBackwardError(
                 f"backward: expression has shape {self.shape}; backward() needs one element "
                 "(reduce it first, e.g. with dx.sum_elems)")
-        self.g.backward(self.v)
+        self.g.backward(self.v, bool(full))
 
     def gradient(self) -> np.ndarray:
         """d(loss)/d(self) from the last ``loss.backward()`` of this graph (DyNet's
         ``gradient``), as an array of this expression's shape. Kept until the next backward
-        pass of any graph of this thread; only for expressions that depend on a parameter
-        (the backward pass computes nothing for the others)."""
+        pass of any graph of this thread; for an expression that depends on no parameter
+        (an input), only after ``backward(full=True)``."""
         return self.g.gradient(self.v)
 
     # ---- operators (``+ - * / @`` and unary ``-`` come from ``Operators``) -----------------

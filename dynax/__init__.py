@@ -29,6 +29,8 @@ from .ops.extra import *  # noqa: F401,F403  (DyNet's further ops; see extra.__a
 from .ops.conv import conv2d, conv2d_bias, kmax_pooling, maxpooling2d
 from .ops.function import Function, function
 
+Model = ParameterCollection  # DyNet's older name for it
+
 
 def forward(exprs) -> None:
     """Compute a list of expressions together (one autobatched pass over what is pending)."""

@@ -177,6 +177,41 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
      r"circ_conv: all arguments must have the same shape"),
     (lambda x: dx.circ_corr(x, x), dx.ShapeError, r"circ_corr: expected a vector"),
     (lambda x: dx.constant(3, "a"), dx.InvalidArgumentError, r"constant: value must be"),
+    # DyNet's shapes and arguments (session 23)
+    (lambda x: x + np.ones(2, np.float32), dx.ShapeError,
+     r"add: shapes must be equal, or of one rank with each dimension equal or 1 on one side "
+     r"\(broadcast\), or one a scalar; got \(2, 3\), \(2,\); a vector is not broadcast "
+     r"against a matrix .* dx.colwise_add"),
+    (lambda x: x - np.ones((3, 3), np.float32), dx.ShapeError,
+     r"sub: shapes must be equal, .* got \(2, 3\), \(3, 3\) \[at "),  # and no hint
+    (lambda x: dx.concatenate_cols([x, np.ones(3, np.float32)]), dx.ShapeError,
+     r"concatenate_cols: the items must have the same number of rows, got shapes "
+     r"\[\(2, 3\), \(3,\)\]"),
+    (lambda x: dx.concatenate_cols([np.ones((2, 2, 2), np.float32)]), dx.ShapeError,
+     r"concatenate_cols: expected scalars, vectors or matrices"),
+    (lambda x: dx.concatenate_cols([]), dx.InvalidArgumentError, r"concatenate_cols"),
+    (lambda x: dx.pick(x, 3, 1), dx.IndexOutOfRangeError, r"pick: index 3 out of range \[0, 3\)"),
+    (lambda x: dx.pick(x, 0, 2), dx.ShapeError, r"pick: dim 2 invalid for shape \(2, 3\)"),
+    (lambda x: dx.pick(x, 0, 1.0), dx.InvalidArgumentError, r"pick: dim must be an int"),
+    (lambda x: dx.log_softmax(x, [0]), dx.ShapeError,
+     r"log_softmax: restrict needs a vector, got shape \(2, 3\)"),
+    (lambda x: dx.log_softmax(np.ones(3, np.float32), [1, 3]), dx.IndexOutOfRangeError,
+     r"log_softmax: restrict index 3 out of range \[0, 3\)"),
+    (lambda x: dx.log_softmax(np.ones(3, np.float32), []), dx.InvalidArgumentError,
+     r"log_softmax: restrict must be a non-empty list of ints"),
+    (lambda x: x[::2], dx.InvalidArgumentError, r"slice: only a step of 1 is supported"),
+    (lambda x: x[0.5:], dx.ArgumentTypeError, r"slice: bounds must be ints or None"),
+    (lambda x: x[1:1], dx.IndexOutOfRangeError, r"pick_range: range \[1, 1\) is empty"),
+    (lambda x: dx.transpose(x, [0, 0]), dx.ShapeError,
+     r"transpose: dims \[0, 0\] are not a permutation of the 2 dimensions of shape \(2, 3\)"),
+    (lambda x: dx.transpose(x, "ab"), dx.ArgumentTypeError, r"transpose: dims must be a list"),
+    (lambda x: dx.sum_cols(np.ones(3, np.float32)), dx.ShapeError,
+     r"sum_cols: expected a matrix, got shape \(3,\)"),
+    (lambda x: dx.dropout_dim(x, 2, 0.5), dx.ShapeError,
+     r"dropout_dim: dimension 2 is out of range for shape \(2, 3\)"),
+    (lambda x: dx.dropout_dim(x, 0, 1.0), dx.InvalidArgumentError,
+     r"dropout_dim: p must be a number in \[0, 1\), got 1.0"),
+    (lambda x: dx.block_dropout(x, -0.1), dx.InvalidArgumentError, r"block_dropout: p must be"),
 ])
 def test_further_ops_check_their_arguments(call, error, match):
     """The ops of dynax/ops/extra.py (values and gradients: tests/test_ops.py) fail at

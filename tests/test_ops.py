@@ -513,6 +513,60 @@ case("constant", A3, vec_data(), lambda P, d: ev(P, d["x"]) * dx.constant((3,), 
      + dx.zeroes(3), lambda V, d: (d["x"] + V["A"]) * 1.5)
 
 
+# ---- DyNet's shapes and arguments (session 23) -------------------------------------------------
+
+def mat_data(gen=normal):
+    return lambda r, k: {"X": gen(r, 2, 3), "c": gen(r, 2, 1), "w": gen(r, 1, 3),
+                         "x": gen(r, 3), "i": _IDX[k]}
+
+
+for _name, _f in {"add": operator.add, "sub": operator.sub,
+                  "mul": operator.mul, "div": operator.truediv}.items():
+    _gen = positive if _name == "div" else normal
+    _p = {"M": ((2, 3), "pos")} if _name == "div" else M23
+    case(f"{_name}_broadcast_column", _p, mat_data(_gen),  # (2, 3) with (2, 1)
+         lambda P, d, f=_f: f(em(P, d["X"]), inp(d["c"]) * dx.sum_elems(P["M"])),
+         lambda V, d, f=_f: f(d["X"] + V["M"], d["c"] * jnp.sum(V["M"])))
+    case(f"{_name}_broadcast_row_on_the_left", _p, mat_data(_gen),  # (1, 3) with (2, 3)
+         lambda P, d, f=_f: f(inp(d["w"]) * dx.sum_elems(P["M"]), em(P, d["X"])),
+         lambda V, d, f=_f: f(d["w"] * jnp.sum(V["M"]), d["X"] + V["M"]))
+case("cmult_broadcast_both_ways", M23, mat_data(),  # (2, 1) with (1, 3): an outer product
+     lambda P, d: dx.cmult(inp(d["c"]) * dx.sum_elems(P["M"]), dx.transpose(
+         dx.pick_range(dx.transpose(em(P, d["X"])), 0, 1, d=1))),
+     lambda V, d: (d["c"] * jnp.sum(V["M"])) * (d["X"] + V["M"])[:1, :])
+case("concatenate_cols_vectors", A3, vec_data(),
+     lambda P, d: dx.concatenate_cols([ev(P, d["x"]), inp(d["y"]) * P["A"]]),
+     lambda V, d: jnp.stack([d["x"] + V["A"], d["y"] * V["A"]], axis=1))
+case("concatenate_cols_matrices_and_a_vector", {**M23, **A3}, mat_data(),
+     lambda P, d: dx.concatenate_cols([em(P, d["X"]), inp(d["c"]),
+                                       dx.pick_range(ev(P, d["x"]), 0, 2)]),
+     lambda V, d: jnp.concatenate([d["X"] + V["M"], d["c"], (d["x"] + V["A"])[:2, None]], 1))
+case("concatenate_cols_scalars", A3, vec_data(),  # a (1, k) row, as DyNet's
+     lambda P, d: dx.concatenate_cols([dx.sum_elems(ev(P, d["x"])), dx.dot_product(
+         inp(d["y"]), P["A"])]),
+     lambda V, d: jnp.array([[jnp.sum(d["x"] + V["A"]), jnp.dot(d["y"], V["A"])]]))
+case("pick_dim_1_is_a_column", M23, mat_data(),
+     lambda P, d: dx.pick(em(P, d["X"]), d["i"], 1), lambda V, d: (d["X"] + V["M"])[:, d["i"]])
+case("pick_dim_0_of_a_matrix", M23, lambda r, k: {"X": normal(r, 2, 3), "i": _IDX[k] % 2},
+     lambda P, d: dx.pick(em(P, d["X"]), d["i"], 0), lambda V, d: (d["X"] + V["M"])[d["i"]])
+case("log_softmax_restricted", A3, vec_data(),  # the others are -inf: pick restricted ones
+     lambda P, d: dx.pick_range(dx.log_softmax(ev(P, d["x"]), [2, 0]), 0, 1)
+     + dx.pick(dx.log_softmax(ev(P, d["x"]), [0, 2]), 2),
+     lambda V, d: jax.nn.log_softmax((d["x"] + V["A"])[jnp.array([0, 2])])[:1]
+     + jax.nn.log_softmax((d["x"] + V["A"])[jnp.array([0, 2])])[1])
+case("slice_getitem", A3, vec_data(),
+     lambda P, d: (ev(P, d["x"])[1:], ev(P, d["x"])[-3:-1], ev(P, d["x"])[:]),
+     lambda V, d: ((d["x"] + V["A"])[1:], (d["x"] + V["A"])[-3:-1], d["x"] + V["A"]))
+case("transpose_dims", M23, lambda r, k: {"X": normal(r, 2, 3), "T": normal(r, 2, 3, 4)},
+     lambda P, d: (dx.transpose(em(P, d["X"]), [1, 0]),
+                   dx.transpose(inp(d["T"]) * dx.sum_elems(P["M"]), [2, 0, 1])),
+     lambda V, d: ((d["X"] + V["M"]).T, jnp.transpose(d["T"] * jnp.sum(V["M"]), (2, 0, 1))))
+case("transpose_scalar", A3, vec_data(), lambda P, d: dx.transpose(dx.sum_elems(ev(P, d["x"]))),
+     lambda V, d: jnp.sum(d["x"] + V["A"]))
+case("sum_cols", M23, mat_data(), lambda P, d: dx.sum_cols(em(P, d["X"])),
+     lambda V, d: jnp.sum(d["X"] + V["M"], axis=1))
+
+
 # ---- the generic tests --------------------------------------------------------------------------
 
 _REFS: dict = {}

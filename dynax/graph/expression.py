@@ -94,6 +94,10 @@ class Expression(Operators):
 
     # ---- operators (``+ - * / @`` and unary ``-`` come from ``Operators``) -----------------
     def __getitem__(self, i):
+        """``e[i]`` is ``pick(e, i)``; ``e[a:b]`` is ``pick_range(e, a, b)`` (DyNet's), with
+        Python's meaning of omitted and negative bounds."""
+        if type(i) is slice:
+            return _ops.slice_first_dim(self, i)
         return _ops.pick(self, i)
 
     # Not a sequence: iterating would add a pick node per element behind the user's back

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..device import get_device, zeros
-from ..errors import InvalidArgumentError
+from ..errors import IndexOutOfRangeError, InvalidArgumentError
 from ..operators import Operators
 
 INITS = ("glorot", "normal", "uniform", "zeros", "ones")
@@ -33,6 +33,12 @@ def _real_array(value, what: str) -> np.ndarray:
         raise InvalidArgumentError(f"{what}: expected real numbers, got dtype {arr.dtype} "
                                    f"(shape {arr.shape})")
     return arr.astype(np.float32)
+
+
+def _real_number(what: str, x) -> float:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not np.isfinite(x):
+        raise InvalidArgumentError(f"{what}: expected a finite number, got {x!r}")
+    return float(x)
 
 
 def _init_array(init, key, shape, dtype):
@@ -115,6 +121,23 @@ class Parameter(Operators):
         """A NumPy copy of the current value."""
         return np.array(self._value)
 
+    as_array = npvalue  # DyNet's name
+
+    def grad_as_array(self) -> np.ndarray:
+        """A NumPy copy of the accumulated gradient (DyNet's name)."""
+        return np.array(self.grad)
+
+    def scale(self, s: float) -> None:
+        """Multiply the value by ``s`` (DyNet's ``scale``)."""
+        self.set_value(np.asarray(self._value) * _real_number("scale", s))
+
+    def clip_inplace(self, left: float, right: float) -> None:
+        """Clip every entry of the value to ``[left, right]`` (DyNet's ``clip_inplace``)."""
+        lo, hi = _real_number("clip_inplace", left), _real_number("clip_inplace", right)
+        if lo > hi:
+            raise InvalidArgumentError(f"clip_inplace of {self.name}: left {lo} > right {hi}")
+        self.set_value(np.clip(np.asarray(self._value), lo, hi))
+
     def set_updated(self, updated: bool) -> None:
         """Freeze (``False``) or unfreeze the parameter, as DyNet's ``set_updated``: trainers
         leave a frozen parameter's value alone and drop the gradient it accumulates, and it
@@ -173,6 +196,42 @@ class LookupParameter(Parameter):
 
     def __getitem__(self, i):
         return _ops.lookup(self, i)
+
+    # ---- DyNet's row access ------------------------------------------------------------------
+    def _row(self, i, what: str) -> int:
+        n = self.shape[0]
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < n:
+            raise IndexOutOfRangeError(f"{what} of {self.name}: row {i!r} out of range "
+                                       f"[0, {n})")
+        return int(i)
+
+    def init_row(self, i: int, row) -> None:
+        """Set row ``i`` of the table to ``row``."""
+        i = self._row(i, "init_row")
+        arr = _real_array(row, f"init_row of {self.name}")
+        if arr.shape != self.shape[1:]:
+            raise InvalidArgumentError(f"init_row of {self.name}: a row has shape "
+                                       f"{self.shape[1:]}, got {arr.shape}")
+        table = np.array(self._value)
+        table[i] = arr
+        self.set_value(table)
+
+    def init_from_array(self, array) -> None:
+        """Set the whole table (DyNet's name for ``set_value``)."""
+        self.set_value(array)
+
+    def row_as_array(self, i: int) -> np.ndarray:
+        """A NumPy copy of row ``i``."""
+        return np.array(self._value[self._row(i, "row_as_array")])
+
+    def rows_as_array(self, rows) -> np.ndarray:
+        """A NumPy copy of the given rows, one per row of the result."""
+        return np.array(self._value[np.array([self._row(i, "rows_as_array") for i in rows],
+                                             np.int32)])
+
+    def row_grad_as_array(self, i: int) -> np.ndarray:
+        """A NumPy copy of row ``i`` of the accumulated gradient."""
+        return np.array(self.grad[self._row(i, "row_grad_as_array")])
 
     def _accumulate(self, new_grad, sig, graph, nodes):
         super()._accumulate(new_grad, sig, graph, nodes)
@@ -266,6 +325,14 @@ class ParameterCollection:
     def parameters(self) -> list[Parameter]:
         """Parameters of this collection (and its children), in creation order."""
         return [p for p in self._root._params if p.name.startswith(self._prefix)]
+
+    def parameters_list(self) -> list[Parameter]:
+        """The plain parameters (not lookup tables), in creation order (DyNet's name)."""
+        return [p for p in self.parameters() if not isinstance(p, LookupParameter)]
+
+    def lookup_parameters_list(self) -> list[LookupParameter]:
+        """The lookup tables, in creation order (DyNet's name)."""
+        return [p for p in self.parameters() if isinstance(p, LookupParameter)]
 
     def parameter_count(self) -> int:
         """Total number of scalars over all parameters."""

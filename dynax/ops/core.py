@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import ArgumentTypeError, DTypeError, InvalidArgumentError, ShapeError
+from ..errors import (ArgumentTypeError, DTypeError, IndexOutOfRangeError, InvalidArgumentError,
+                      ShapeError)
 from ..graph.computation_graph import _local, current_graph
 from ..graph.appenders import append_node
 from ..graph.expression import Expression
@@ -152,13 +153,34 @@ def _same_or_scalar(name):
         shapes = [_shape(a) for a in avals]
         full = [s for s in shapes if s != ()]
         if any(s != full[0] for s in full):
-            hint = ""
-            if name == "cmult" and len(shapes) == 2 and len(shapes[0]) == 2 \
-                    and len(shapes[1]) in (1, 2) and shapes[0][1] == shapes[1][0]:
+            raise ShapeError(f"{name}: shapes must be equal (or one a scalar), got "
+                             f"{', '.join(map(str, shapes))}")
+    return check
+
+
+def _broadcastable(name):
+    """Shapes of ``+ - * /``: equal, one a scalar, or of one rank with each dimension equal
+    or 1 on one side (broadcast, as NumPy and DyNet both do). A vector against a matrix is
+    refused: DyNet would align the vector with the columns, NumPy with the rows."""
+    def check(avals, statics):
+        shapes = [_shape(a) for a in avals]
+        full = [s for s in shapes if s != ()]
+        if len(full) < 2 or full[0] == full[1]:
+            return
+        a, b = full
+        if len(a) == len(b) and all(m == n or m == 1 or n == 1 for m, n in zip(a, b)):
+            return
+        hint = ""
+        if len(a) != len(b):
+            hint = ("; a vector is not broadcast against a matrix (DyNet aligns it with the "
+                    "columns, NumPy with the rows): reshape it to (n, 1) or (1, n), or use "
+                    "dx.colwise_add")
+            if name == "cmult" and len(a) == 2 and a[1] == b[0]:
                 hint = ("; `*` multiplies elementwise here (as in NumPy), so DyNet's matrix "
                         "product `W * x` is `W @ x`")
-            raise ShapeError(f"{name}: shapes must be equal (or one a scalar), got "
-                             f"{', '.join(map(str, shapes))}{hint}")
+        raise ShapeError(f"{name}: shapes must be equal, or of one rank with each dimension "
+                         f"equal or 1 on one side (broadcast), or one a scalar; got "
+                         f"{', '.join(map(str, shapes))}{hint}")
     return check
 
 
@@ -337,7 +359,7 @@ def parameter(p):
 
 
 def _binary(name, fn):
-    return OpDef(name, fn, CHEAP, check=_same_or_scalar(name))
+    return OpDef(name, fn, CHEAP, check=_broadcastable(name))
 
 
 ADD = _binary("add", jnp.add)
@@ -397,12 +419,12 @@ def div(a, b):
 
 
 def cmult(a, b):
-    """Elementwise product of two expressions of the same shape."""
+    """Elementwise product (shapes as for ``*``: equal, broadcast, or one a scalar)."""
     return _binop(MUL, a, b)
 
 
 def cdiv(a, b):
-    """Elementwise quotient of two expressions of the same shape."""
+    """Elementwise quotient (shapes as for ``/``: equal, broadcast, or one a scalar)."""
     return _binop(DIV, a, b)
 
 
@@ -420,14 +442,15 @@ def seed_and_node_bounds(avals):
     return INDEX_LIMIT, INDEX_LIMIT
 
 
-def training_draw(op, x, rate: float):
-    """A node of ``op`` over ``x``, ``(x, seed, node id, rate)``; ``x`` itself when
-    ``rate == 0`` or in a graph built with ``train=False``."""
+def training_draw(op, x, rate: float, *statics):
+    """A node of ``op`` over ``x``, ``(x, seed, node id, rate, *statics)``; ``x`` itself
+    when ``rate == 0`` or in a graph built with ``train=False``."""
     g = current_graph()
     if rate == 0.0 or not g.train:
         return _as_expression(x, op.name)
     k, x = _one(x, op.name)
-    return _node(op, k + "iis", [x, g.seed, len(g.node_sig), float(rate)])
+    return _node(op, k + "iis" + "s" * len(statics),
+                 [x, g.seed, len(g.node_sig), float(rate), *statics])
 
 
 def _dropout_fn(x, seed, node, p):
@@ -438,6 +461,13 @@ def _dropout_fn(x, seed, node, p):
 DROPOUT = OpDef("dropout", _dropout_fn, CHEAP, index_bounds=seed_and_node_bounds)
 
 
+def _dropout_rate(opname, p) -> float:
+    """``p`` checked as a dropout probability."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
+        raise InvalidArgumentError(f"{opname}: p must be a number in [0, 1), got {p!r}")
+    return float(p)
+
+
 def dropout(x, p: float):
     """Inverted dropout: zero each entry with probability ``p``, scale the rest by 1/(1-p).
 
@@ -445,9 +475,7 @@ def dropout(x, p: float):
     draws its mask from a key derived from the graph's seed and its node id, so a fixed seed
     reproduces the masks and batching does not change them.
     """
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
-        raise InvalidArgumentError(f"dropout: p must be a number in [0, 1), got {p!r}")
-    return training_draw(DROPOUT, x, p)
+    return training_draw(DROPOUT, x, _dropout_rate("dropout", p))
 
 
 # ---- random values (DyNet's random_normal, random_bernoulli, random_uniform, random_gumbel) -----
@@ -605,12 +633,29 @@ def _transpose_fn(a):
     return a.reshape(1, -1) if a.ndim == 1 else a.T
 
 
-TRANSPOSE = OpDef("transpose", _transpose_fn, CHEAP, check=_ndim("transpose", (1, 2)))
+TRANSPOSE = OpDef("transpose", _transpose_fn, CHEAP, check=_ndim("transpose", (0, 1, 2)))
 
 
-def transpose(a):
-    """Matrix transpose (a vector becomes a 1 x n row)."""
-    return _apply(TRANSPOSE, a)
+def _check_permutation(avals, statics):
+    shape, dims = _shape(avals[0]), statics[0]
+    if sorted(dims) != list(range(len(shape))):
+        raise ShapeError(f"transpose: dims {list(dims)} are not a permutation of the "
+                         f"{len(shape)} dimensions of shape {shape}")
+
+
+PERMUTE = OpDef("transpose", lambda a, dims: jnp.transpose(a, dims), CHEAP,
+                check=_check_permutation)
+
+
+def transpose(a, dims=None):
+    """Matrix transpose (a vector becomes a 1 x n row, a scalar stays itself); with
+    ``dims`` (DyNet's), the dimensions in that order, as ``numpy.transpose``."""
+    if dims is None:
+        return _apply(TRANSPOSE, a)
+    if not isinstance(dims, (list, tuple)) or any(
+            isinstance(d, bool) or not isinstance(d, numbers.Integral) for d in dims):
+        raise ArgumentTypeError(f"transpose: dims must be a list of ints, got {dims!r}")
+    return _single(PERMUTE, a, "s", (tuple(int(d) for d in dims),))
 
 
 # ---- structure ----------------------------------------------------------------------------------
@@ -660,18 +705,75 @@ def _concatenate(xs, d):
     return _node(CONCAT, kinds + "s", items + [int(d)])
 
 
+def _as_columns(x):  # DyNet's dimensions: a scalar is {1}, a vector {n} = {n, 1}
+    return x.reshape(x.shape[0] if x.ndim else 1, -1)
+
+
+def _check_concat_cols(avals, statics):
+    shapes = [_shape(a) for a in avals]
+    if any(len(s) > 2 for s in shapes):
+        raise ShapeError(f"concatenate_cols: expected scalars, vectors or matrices, got "
+                         f"shapes {shapes}")
+    rows = [s[0] if s else 1 for s in shapes]
+    if any(r != rows[0] for r in rows):
+        raise ShapeError(f"concatenate_cols: the items must have the same number of rows, "
+                         f"got shapes {shapes}")
+
+
+CONCAT_COLS = OpDef("concatenate_cols",
+                    lambda *xs: jnp.concatenate([_as_columns(x) for x in xs], axis=1),
+                    CHEAP, check=_check_concat_cols)
+
+
+@atomic
 def concatenate_cols(xs):
-    """Stack vectors as the columns of a matrix."""
-    return concatenate([reshape(x, (x.shape[0], 1)) for x in xs], d=1)
+    """The items side by side as the columns of a matrix (DyNet's): vectors (n,) are
+    columns, matrices (n, c) contribute their c columns, scalars make a (1, k) row."""
+    items = _list_args(xs, "concatenate_cols")
+    kinds = "".join("v" if type(x) is Expression else "p" for x in items)
+    return _node(CONCAT_COLS, kinds, items)
 
 
 PICK = OpDef("pick", lambda x, i: x[i], CHEAP, index_bounds=_first_dim_bound,
              check=_ndim("pick", (1, 2)))
 
 
-def pick(x, i):
-    """Element ``i`` of a vector (row ``i`` of a matrix)."""
-    return _single(PICK, x, "i", (i,))
+def _pick_dim_bound(avals):
+    return (_shape(avals[0])[avals[2]],)
+
+
+def _check_pick_dim(avals, statics):
+    shape, d = _shape(avals[0]), statics[0]
+    if not 0 <= d < len(shape):
+        raise ShapeError(f"pick: dim {d} invalid for shape {shape}")
+
+
+PICK_DIM = OpDef("pick", lambda x, i, d: jax.lax.dynamic_index_in_dim(x, i, d, keepdims=False),
+                 CHEAP, index_bounds=_pick_dim_bound, check=_check_pick_dim)
+
+
+def pick(x, i, dim: int = 0):
+    """Element ``i`` of a vector (row ``i`` of a matrix); with ``dim`` (DyNet's), index
+    ``i`` along that dimension: ``pick(M, j, 1)`` is column ``j``."""
+    if dim == 0 and type(dim) is int:
+        return _single(PICK, x, "i", (i,))
+    return _single(PICK_DIM, x, "is", (i, _int("pick", "dim", dim)))
+
+
+def slice_first_dim(x, s: slice):
+    """``x[a:b]`` (``Expression.__getitem__``): ``pick_range`` along the first dimension,
+    with Python's meaning of omitted and negative bounds."""
+    from .extra import pick_range
+    shape = _shape(x)
+    if not shape:
+        raise ShapeError("slice: a scalar has no dimension to slice")
+    if s.step not in (None, 1):
+        raise InvalidArgumentError(f"slice: only a step of 1 is supported, got {s.step!r}")
+    for b in (s.start, s.stop):
+        if b is not None and (isinstance(b, bool) or not isinstance(b, numbers.Integral)):
+            raise ArgumentTypeError(f"slice: bounds must be ints or None, got {b!r}")
+    start, stop, _ = s.indices(shape[0])
+    return pick_range(x, start, stop)
 
 
 def _check_reshape(avals, statics):
@@ -893,9 +995,37 @@ def softmax(x):
     return _apply(SOFTMAX, x)
 
 
-def log_softmax(x):
-    """Log-softmax of a vector, or of each column of a matrix."""
-    return _apply(LOG_SOFTMAX, x)
+def _restricted_log_softmax(x, restrict):
+    keep = jnp.zeros(x.shape, bool).at[jnp.asarray(restrict)].set(True)
+    z = jax.nn.logsumexp(jnp.where(keep, x, -jnp.inf))
+    return jnp.where(keep, x - z, -jnp.inf)
+
+
+def _check_restrict(avals, statics):
+    shape, restrict = _shape(avals[0]), statics[0]
+    if len(shape) != 1:
+        raise ShapeError(f"log_softmax: restrict needs a vector, got shape {shape}")
+    bad = [i for i in restrict if not 0 <= i < shape[0]]
+    if bad:
+        raise IndexOutOfRangeError(f"log_softmax: restrict index {bad[0]} out of range "
+                                   f"[0, {shape[0]})")
+
+
+RESTRICTED_LOG_SOFTMAX = OpDef("log_softmax", _restricted_log_softmax, CHEAP,
+                               check=_check_restrict)
+
+
+def log_softmax(x, restrict=None):
+    """Log-softmax of a vector, or of each column of a matrix. With ``restrict`` (DyNet's:
+    a list of indices of a vector), normalised over those entries only; the others are
+    -inf."""
+    if restrict is None:
+        return _apply(LOG_SOFTMAX, x)
+    if not isinstance(restrict, (list, tuple)) or not restrict or any(
+            isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in restrict):
+        raise InvalidArgumentError(f"log_softmax: restrict must be a non-empty list of ints, "
+                                   f"got {restrict!r}")
+    return _single(RESTRICTED_LOG_SOFTMAX, x, "s", (tuple(sorted({int(i) for i in restrict})),))
 
 
 PNLS = OpDef("pickneglogsoftmax", lambda x, i: -jax.nn.log_softmax(x)[i], CHEAP,

@@ -16,9 +16,9 @@ import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
 from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _checked_shape,
-                   _int, _real, _shape, _single, _tensor_node, _unary, _vector, atomic, cmult,
-                   concatenate, concatenate_cols, draw_key, input, lookup, parameter,
-                   seed_and_node_bounds, training_draw, zeros)
+                   _dropout_rate, _int, _real, _shape, _single, _tensor_node, _unary, _vector,
+                   atomic, cmult, concatenate, concatenate_cols, draw_key, input, lookup,
+                   parameter, seed_and_node_bounds, training_draw, zeros)
 from .registry import CHEAP, HEAVY, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------
@@ -150,6 +150,13 @@ def sum_dim(x, d):
     return _single(SUM_DIM, x, "s", (_dims("sum_dim", d),))
 
 
+def sum_cols(x):
+    """The sum of a matrix's columns, a vector of its rows' sums (DyNet's ``sum_cols``)."""
+    if len(_shape(x)) != 2:
+        raise ShapeError(f"sum_cols: expected a matrix, got shape {_shape(x)}")
+    return sum_dim(x, 1)
+
+
 def mean_dim(x, d):
     """Mean over dimension ``d`` (an int, or a list of them)."""
     return _single(MEAN_DIM, x, "s", (_dims("mean_dim", d),))
@@ -200,6 +207,9 @@ def pick_range(x, start: int, end: int, d: int = 0):
     return _single(PICK_RANGE, x, "sss", (_int("pick_range", "start", start),
                                           _int("pick_range", "end", end),
                                           _int("pick_range", "d", d)))
+
+
+pickrange = pick_range  # DyNet's older name
 
 
 def _check_indices(opname, axis):
@@ -282,6 +292,46 @@ def noise(x, stddev: float):
     as ``dx.dropout``'s masks (seeded by the graph and the node), and, as dropout, the
     identity when ``stddev == 0`` or in a graph built with ``train=False``."""
     return training_draw(NOISE, x, _real("noise", "stddev", stddev, 0.0))
+
+
+def _dropout_dim_fn(x, seed, node, p, d):
+    shape = x.shape[:d] + (1,) + x.shape[d + 1:]  # one draw for each slice along d
+    keep = jax.random.bernoulli(draw_key(seed, node), 1.0 - p, shape)
+    return jnp.where(keep, x / (1.0 - p), 0.0).astype(x.dtype)
+
+
+def _check_dropout_dim(avals, statics):
+    shape, d = _shape(avals[0]), statics[-1]
+    if not 0 <= d < len(shape):
+        raise ShapeError(f"dropout_dim: dimension {d} is out of range for shape {shape}")
+
+
+DROPOUT_DIM = OpDef("dropout_dim", _dropout_dim_fn, CHEAP, index_bounds=seed_and_node_bounds,
+                    check=_check_dropout_dim)
+
+
+def dropout_dim(x, d: int, p: float):
+    """Dropout with one mask entry for each slice along dimension ``d`` (DyNet's
+    ``dropout_dim``): the mask has size 1 along ``d``, so ``dropout_dim(M, 0, p)`` zeroes
+    whole columns of a matrix and ``dropout_dim(M, 1, p)`` whole rows; the rest is scaled
+    by 1/(1-p). Seeded, and the identity under ``train=False``, as ``dx.dropout``."""
+    return training_draw(DROPOUT_DIM, x, _dropout_rate("dropout_dim", p),
+                         _int("dropout_dim", "d", d))
+
+
+def _block_dropout_fn(x, seed, node, p):
+    keep = jax.random.bernoulli(draw_key(seed, node), 1.0 - p)
+    return jnp.where(keep, x / (1.0 - p), 0.0).astype(x.dtype)
+
+
+BLOCK_DROPOUT = OpDef("block_dropout", _block_dropout_fn, CHEAP,
+                      index_bounds=seed_and_node_bounds)
+
+
+def block_dropout(x, p: float):
+    """All of ``x`` zeroed with probability ``p``, else scaled by 1/(1-p) (DyNet's
+    ``block_dropout``). Seeded, and the identity under ``train=False``, as ``dx.dropout``."""
+    return training_draw(BLOCK_DROPOUT, x, _dropout_rate("block_dropout", p))
 
 
 SQUARED_NORM = _unary("squared_norm", lambda x: jnp.sum(x * x))
@@ -650,13 +700,14 @@ def constant(shape, value: float):
                          np.float32))
 
 
-__all__ = ["acos", "acosh", "argmax", "asin", "asinh", "atan", "atanh", "bmax", "bmin", "ceil",
-           "circ_conv", "circ_corr", "colwise_add", "const_lookup", "const_parameter",
-           "constant", "contract3d_1d", "contract3d_1d_bias", "cos", "cosh", "cube", "cumsum",
-           "cwise_multiply", "elu", "erf", "flip_gradient", "floor", "huber_distance",
-           "inverse", "l1_distance", "l2_norm", "layer_norm", "lgamma", "log_sigmoid",
-           "logdet", "logsumexp", "logsumexp_dim", "max_dim", "mean_dim", "mean_elems",
-           "min_dim", "moment_dim", "moment_elems", "nobackprop", "noise", "pairwise_rank_loss",
-           "pick_range", "poisson_loss", "pow", "round", "select_cols", "select_rows", "selu",
-           "sin", "sinh", "softsign", "sparsemax", "squared_norm", "std_dim", "std_elems",
-           "sum_dim", "tan", "trace_of_product", "weight_norm", "zeroes"]
+__all__ = ["acos", "acosh", "argmax", "asin", "asinh", "atan", "atanh", "block_dropout", "bmax",
+           "bmin", "ceil", "circ_conv", "circ_corr", "colwise_add", "const_lookup",
+           "const_parameter", "constant", "contract3d_1d", "contract3d_1d_bias", "cos", "cosh",
+           "cube", "cumsum", "cwise_multiply", "dropout_dim", "elu", "erf", "flip_gradient",
+           "floor", "huber_distance", "inverse", "l1_distance", "l2_norm", "layer_norm", "lgamma",
+           "log_sigmoid", "logdet", "logsumexp", "logsumexp_dim", "max_dim", "mean_dim",
+           "mean_elems", "min_dim", "moment_dim", "moment_elems", "nobackprop", "noise",
+           "pairwise_rank_loss", "pick_range", "pickrange", "poisson_loss", "pow", "round",
+           "select_cols", "select_rows", "selu", "sin", "sinh", "softsign", "sparsemax",
+           "squared_norm", "std_dim", "std_elems", "sum_cols", "sum_dim", "tan",
+           "trace_of_product", "weight_norm", "zeroes"]

@@ -1,0 +1,121 @@
+"""DyNet's names that a port reaches for (session 23, from porting a BiLSTM-CRF, a VAE and
+a REINFORCE policy): ``dropout_dim`` and ``block_dropout`` (seeded masks, checked against
+the same masks applied in NumPy, for every strategy), the parameters' array accessors and
+in-place edits, and the older names ``Model`` and ``pickrange``. The ops' values and
+gradients under every strategy are ``tests/test_ops.py`` cases; their argument errors are
+in ``tests/test_further_ops.py``."""
+import numpy as np
+import pytest
+
+import dynax as dx
+
+STRATEGIES = ("none", "depth", "agenda")
+TOL = dict(rtol=1e-6, atol=1e-6)
+
+
+def _masked_graph(strategy, drop):
+    """Four (4, 5) matrices through ``drop``: (outputs, parameter, targets)."""
+    pc = dx.ParameterCollection(seed=0)
+    M = pc.add_parameters((4, 5), init="uniform")
+    r = np.random.default_rng(1)
+    dx.renew_cg(autobatch=strategy, seed=7)
+    xs = [r.normal(size=(4, 5)).astype(np.float32) for _ in range(4)]
+    outs = [drop(dx.input(x) + M) for x in xs]
+    ws = [r.normal(size=(4, 5)).astype(np.float32) for _ in range(4)]
+    loss = dx.esum([dx.sum_elems(dx.cmult(o, dx.input(w))) for o, w in zip(outs, ws)])
+    return outs, xs, M, ws, loss
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("d, p", [(0, 0.5), (1, 0.4)])
+def test_dropout_dim_drops_whole_slices(strategy, d, p):
+    """The mask has size 1 along ``d``: with d=0 whole columns go, with d=1 whole rows; the
+    kept entries are scaled by 1/(1-p) and the gradient goes through the same mask."""
+    outs, xs, M, ws, loss = _masked_graph(strategy, lambda e: dx.dropout_dim(e, d, p))
+    masks = []
+    for o, x in zip(outs, xs):
+        v, full = o.npvalue(), x + np.asarray(M.value)
+        kept = np.abs(v) > 0
+        assert (kept.all(axis=d) | ~kept.any(axis=d)).all()  # all or nothing per slice
+        np.testing.assert_allclose(v[kept], full[kept] / (1 - p), rtol=1e-5)
+        masks.append(kept)
+    masks = np.array(masks)
+    assert 0 < masks.sum() < masks.size
+    loss.backward()
+    want = sum(w * m / (1 - p) for w, m in zip(ws, masks))
+    np.testing.assert_allclose(M.grad, want, rtol=1e-5, atol=1e-6)
+    if strategy == "agenda":  # seeded by graph and node: every strategy draws the same
+        values = [o.npvalue() for o in outs]
+        none_outs = _masked_graph("none", lambda e: dx.dropout_dim(e, d, p))[0]
+        for a, b in zip(values, none_outs):
+            np.testing.assert_array_equal(a, b.npvalue())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_block_dropout_keeps_all_or_nothing(strategy):
+    p = 0.5
+    pc = dx.ParameterCollection(seed=0)
+    A = pc.add_parameters(3, init="ones")
+    dx.renew_cg(autobatch=strategy, seed=3)
+    outs = [dx.block_dropout(A * float(k + 1), p) for k in range(16)]
+    kept = []
+    for k, o in enumerate(outs):
+        v = o.npvalue()
+        assert np.array_equal(v, np.zeros(3)) or np.allclose(v, (k + 1) / (1 - p) * np.ones(3))
+        kept.append(bool(v.any()))
+    assert 0 < sum(kept) < 16  # fails with probability 2 * 2**-16
+    dx.esum([dx.sum_elems(o) for o in outs]).backward()
+    want = sum((k + 1) / (1 - p) for k in range(16) if kept[k])
+    np.testing.assert_allclose(A.grad, np.full(3, want), rtol=1e-5)
+
+
+def test_the_dropout_variants_are_the_identity_without_training():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    dx.renew_cg(train=False)
+    for e in (dx.dropout_dim(dx.input(x), 1, 0.5), dx.block_dropout(dx.input(x), 0.9)):
+        np.testing.assert_array_equal(e.npvalue(), x)
+    dx.renew_cg()
+    np.testing.assert_array_equal(dx.dropout_dim(dx.input(x), 0, 0.0).npvalue(), x)
+
+
+def test_parameter_arrays_and_in_place_edits():
+    pc = dx.Model(seed=0)  # DyNet's older name for a ParameterCollection
+    assert isinstance(pc, dx.ParameterCollection)
+    W = pc.add_parameters((2, 3), name="W")
+    E = pc.add_lookup_parameters((4, 3), name="E")
+    b = pc.add_parameters(3, name="b")
+    assert pc.parameters_list() == [W, b] and pc.lookup_parameters_list() == [E]
+    np.testing.assert_array_equal(W.as_array(), np.asarray(W.value))
+    before = W.as_array()
+    W.scale(2.0)
+    np.testing.assert_allclose(W.as_array(), 2.0 * before, **TOL)
+    W.clip_inplace(-0.1, 0.1)
+    np.testing.assert_allclose(W.as_array(), np.clip(2.0 * before, -0.1, 0.1), **TOL)
+    with pytest.raises(dx.InvalidArgumentError, match="clip_inplace of W: left 1.0 > right"):
+        W.clip_inplace(1.0, 0.0)
+    with pytest.raises(dx.InvalidArgumentError, match="scale: expected a finite number"):
+        W.scale(float("nan"))
+
+    E.init_row(2, [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(E.row_as_array(2), [1.0, 2.0, 3.0])
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    E.init_from_array(table)
+    np.testing.assert_array_equal(E.rows_as_array([3, 0]), table[[3, 0]])
+    with pytest.raises(dx.IndexOutOfRangeError, match=r"init_row of E: row 4 out of range"):
+        E.init_row(4, [0.0, 0.0, 0.0])
+    with pytest.raises(dx.InvalidArgumentError, match=r"init_row of E: a row has shape \(3,\)"):
+        E.init_row(0, [1.0, 2.0])
+    with pytest.raises(dx.IndexOutOfRangeError, match="row_as_array of E: row -1"):
+        E.row_as_array(-1)
+
+    dx.renew_cg()
+    (dx.sum_elems(dx.cmult(E[1], dx.input(np.array([1.0, 2.0, 3.0], np.float32))))
+     + dx.sum_elems(W @ b)).backward()
+    np.testing.assert_array_equal(E.row_grad_as_array(1), [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(E.row_grad_as_array(0), np.zeros(3))
+    np.testing.assert_allclose(b.grad_as_array(), np.asarray(W.value).sum(axis=0), **TOL)
+
+
+def test_older_names():
+    assert dx.pickrange is dx.pick_range
+    assert dx.Model is dx.ParameterCollection

@@ -11,7 +11,7 @@ from .errors import (ArgumentTypeError, DTypeError, DynaxError, IndexOutOfRangeE
                      ShapeError, StaleExpressionError)
 from .graph import ComputationGraph, Expression, current_graph, renew_cg
 from .nn import (AdadeltaTrainer, AdagradTrainer, AdamTrainer, AmsgradTrainer,
-                 CyclicalSGDTrainer, LookupParameter, MomentumSGDTrainer, Parameter,
+                 CyclicalSGDTrainer, EGTrainer, LookupParameter, MomentumSGDTrainer, Parameter,
                  ParameterCollection, RMSPropTrainer, SimpleSGDTrainer, Trainer, load, save)
 # DyNet spells builders and initializers at the top level (dy.LSTMBuilder); they live in dx.nn
 from .nn import (BiRNNBuilder, ClassFactoredSoftmaxBuilder, ConstInitializer, GlorotInitializer,

@@ -641,3 +641,39 @@ def test_cyclical_sgd_trainer_rate_rises_and_falls_and_steps_by_it():
                 dict(gamma=-1.0)):
         with pytest.raises(ValueError, match="CyclicalSGDTrainer"):
             dx.CyclicalSGDTrainer(pc, **bad)
+
+
+def test_eg_trainer_follows_dynets_formula():
+    """DyNet's EG update, by hand in NumPy: ``h = mom h - lr g``, then each parameter is
+    ``w exp(h)`` normalised over all its entries; clipping and ``learning_rate`` scale the
+    gradient (the rate enters through the momentum, not linearly in the step)."""
+    pc = dx.ParameterCollection(seed=0)
+    P = pc.add_parameters((2, 3), init=np.full((2, 3), 1 / 6, np.float32), name="P")
+    T = pc.add_lookup_parameters((3, 2), init=np.full((3, 2), 1 / 6, np.float32), name="T")
+    trainer = dx.EGTrainer(pc, learning_rate=0.5, mom=0.8)
+    w = {"P": np.full((2, 3), 1 / 6), "T": np.full((3, 2), 1 / 6)}
+    h = {k: np.zeros_like(v) for k, v in w.items()}
+    targets = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]], np.float32)
+    for step in range(4):
+        if step == 2:
+            trainer.learning_rate = 0.25  # DyNet users decay it so
+        dx.renew_cg()
+        loss = dx.sum_elems(dx.cmult(P, dx.input(-targets))) + dx.sum_elems(
+            dx.square(T[step % 3]))
+        loss.backward()
+        grads = {"P": np.array(P.grad, np.float64), "T": np.array(T.grad, np.float64)}
+        lr = trainer.learning_rate
+        trainer.update()
+        for k in w:
+            h[k] = 0.8 * h[k] - lr * grads[k]
+            z = np.log(w[k]) + h[k]
+            w[k] = np.exp(z - np.log(np.exp(z).sum()))
+        np.testing.assert_allclose(P.value, w["P"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(T.value, w["T"], rtol=1e-5, atol=1e-7)
+        assert float(np.sum(P.value)) == pytest.approx(1.0, abs=1e-6)
+    assert np.argmax(np.asarray(P.value)) == 5  # the mass moved to the largest target
+    with pytest.raises(ValueError, match="EGTrainer: sparse_updates is not offered"):
+        dx.EGTrainer(pc, sparse_updates=True)
+    with pytest.raises(ValueError, match="EGTrainer: sparse_updates is not offered"):
+        trainer.set_sparse_updates(True)
+    assert not trainer.sparse_updates

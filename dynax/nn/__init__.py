@@ -8,13 +8,13 @@ from .rnn import (BiRNNBuilder, GRUBuilder, LSTMBuilder, RNNState, SimpleRNNBuil
                   VanillaLSTMBuilder)
 from .softmax import ClassFactoredSoftmaxBuilder, StandardSoftmaxBuilder
 from .trainers import (AdadeltaTrainer, AdagradTrainer, AdamTrainer, AmsgradTrainer,
-                       CyclicalSGDTrainer, MomentumSGDTrainer, RMSPropTrainer, SimpleSGDTrainer,
-                       Trainer)
+                       CyclicalSGDTrainer, EGTrainer, MomentumSGDTrainer, RMSPropTrainer,
+                       SimpleSGDTrainer, Trainer)
 from .tree import ChildSumTreeLSTMBuilder, TreeLSTMBuilder
 
 __all__ = ["LookupParameter", "Parameter", "ParameterCollection", "Trainer", "SimpleSGDTrainer",
            "AdagradTrainer", "MomentumSGDTrainer", "RMSPropTrainer", "AdadeltaTrainer",
-           "AmsgradTrainer", "CyclicalSGDTrainer",
+           "AmsgradTrainer", "CyclicalSGDTrainer", "EGTrainer",
            "AdamTrainer", "SimpleRNNBuilder", "LSTMBuilder", "VanillaLSTMBuilder", "GRUBuilder",
            "BiRNNBuilder",
            "RNNState", "TreeLSTMBuilder", "ChildSumTreeLSTMBuilder", "StandardSoftmaxBuilder",

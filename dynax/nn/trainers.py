@@ -507,3 +507,54 @@ class CyclicalSGDTrainer(Trainer):
                                           _non_negative(gamma, "CyclicalSGDTrainer: gamma"))
         super().__init__(pc, optax.sgd(schedule), **kwargs)
         self._base_learning_rate = schedule
+
+
+def exponentiated_gradient(learning_rate: float, momentum: float = 0.9
+                           ) -> optax.GradientTransformation:
+    """Exponentiated gradient with momentum (Kivinen & Warmuth, 1997), as DyNet's
+    ``EGTrainer`` updates: ``h <- momentum * h - learning_rate * g``, then each parameter
+    becomes ``w * exp(h)`` normalised to sum to 1 over all its entries. The parameters must
+    be positive (a distribution, e.g. initialised to ``1 / size``); ``log(w)`` of a zero or
+    negative entry makes the update NaN, as DyNet's."""
+    def init(params):
+        return jax.tree_util.tree_map(jnp.zeros_like, params)
+
+    def update(grads, h, params):
+        if params is None:
+            raise ValueError("exponentiated_gradient needs the parameters' values")
+        h = jax.tree_util.tree_map(lambda h, g: momentum * h - learning_rate * g, h, grads)
+
+        def step(w, h):  # the softmax of log(w) + h over all entries, minus w
+            return jax.nn.softmax((jnp.log(w) + h).ravel()).reshape(w.shape) - w
+        return jax.tree_util.tree_map(step, params, h), h
+
+    return optax.GradientTransformation(init, update)
+
+
+class EGTrainer(Trainer):
+    """DyNet's exponentiated-gradient trainer (``exponentiated_gradient``): for parameters
+    that are distributions. Dense only: the normalisation runs over each whole parameter,
+    lookup tables included, which an update of the used rows alone would not keep.
+    ``learning_rate`` enters through the momentum, not linearly in the step, so
+    ``learning_rate_scale`` (and setting ``learning_rate``) scales the gradient instead of
+    the step, which is the same as scaling the rate."""
+
+    _DENSE_ONLY = "EGTrainer: sparse_updates is not offered (each parameter is normalised " \
+                  "as a whole)"
+
+    def __init__(self, pc, learning_rate: float = 0.1, mom: float = 0.9, **kwargs):
+        if kwargs.get("sparse_updates"):
+            raise ValueError(self._DENSE_ONLY)
+        lr = _non_negative(learning_rate, "EGTrainer: learning_rate")
+        super().__init__(pc, exponentiated_gradient(lr, _non_negative(mom, "EGTrainer: mom")),
+                         **kwargs)
+        self._base_learning_rate = lr
+
+    def _apply(self, values, grads, state, scale, lr_scale):
+        return super()._apply(values, grads, state, scale * lr_scale, 1.0)
+
+    def set_sparse_updates(self, sparse: bool) -> None:
+        super().set_sparse_updates(sparse)
+        if self.sparse_updates:
+            self.sparse_updates = False
+            raise ValueError(self._DENSE_ONLY)

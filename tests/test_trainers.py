@@ -588,7 +588,8 @@ def test_const_parameter_and_const_lookup_pass_no_gradient():
 
 
 @pytest.mark.parametrize("make,make_tx", [
-    (lambda pc: dx.AmsgradTrainer(pc, learning_rate=0.05), lambda: optax.amsgrad(0.05)),
+    (lambda pc: dx.AmsgradTrainer(pc, learning_rate=0.05),
+     lambda: dx.nn.trainers.dynet_amsgrad(0.05)),  # dense and sparse; the formula: below
     (lambda pc: dx.AdadeltaTrainer(pc, rho=0.9), lambda: optax.adadelta(1.0, rho=0.9)),
     (lambda pc: dx.CyclicalSGDTrainer(pc, 0.1, 0.5, step_size=2),
      lambda: optax.sgd(dx.nn.trainers.cyclical_learning_rate(0.1, 0.5, 2)))])
@@ -615,6 +616,28 @@ def test_adadelta_trainer_follows_dynets_formula():
         w = w - d
         np.testing.assert_allclose(W.value, w, rtol=1e-5, atol=1e-7)
     assert trainer.learning_rate == 1.0
+
+
+def test_amsgrad_trainer_follows_dynets_formula():
+    """DyNet's AMSGrad, by hand: Adam's moments, the running maximum of the raw second
+    moment, and the bias corrections folded into the rate. The gradients shrink after the
+    first update, so the maximum is what sets the later steps."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters(3, init=np.zeros(3, np.float32), name="W")
+    trainer = dx.AmsgradTrainer(pc, learning_rate=0.1, beta_1=0.8, beta_2=0.9, eps=1e-8)
+    w, m, v, vmax = np.zeros(3), np.zeros(3), np.zeros(3), np.zeros(3)
+    target = np.array([1.0, -2.0, 0.5])
+    for t, scale in enumerate((5.0, 1.0, 0.5, 0.2, 0.1), start=1):
+        dx.renew_cg()
+        dx.sum_elems(dx.cmult(W, dx.input((-scale * target).astype(np.float32)))).backward()
+        g = -scale * target
+        trainer.update()
+        m = 0.8 * m + 0.2 * g
+        v = 0.9 * v + 0.1 * g * g
+        vmax = np.maximum(vmax, v)
+        w = w - 0.1 * np.sqrt(1 - 0.9 ** t) / (1 - 0.8 ** t) * m / (np.sqrt(vmax) + 1e-8)
+        np.testing.assert_allclose(W.value, w, rtol=1e-5, atol=1e-7)
+    assert (vmax > v).all()  # the maximum mattered
 
 
 def test_cyclical_sgd_trainer_rate_rises_and_falls_and_steps_by_it():

@@ -464,13 +464,38 @@ class AdadeltaTrainer(Trainer):
         self._base_learning_rate = 1.0
 
 
+def dynet_amsgrad(learning_rate: float, beta_1: float = 0.9, beta_2: float = 0.999,
+                  eps: float = 1e-8) -> optax.GradientTransformation:
+    """AMSGrad as DyNet updates (Reddi et al., 2018): the moments ``m``, ``v`` as Adam's, the
+    running maximum ``vmax`` of the raw ``v``, and at update ``t``
+    ``p -= lr sqrt(1 - beta_2^t) / (1 - beta_1^t) m / (sqrt(vmax) + eps)``. Optax's
+    ``amsgrad`` takes the maximum of the bias-corrected ``v`` instead, which keeps the
+    large early values (``v / (1 - beta_2^t)``) far longer: another optimizer."""
+    def init(params):
+        zeros_like = lambda: jax.tree_util.tree_map(jnp.zeros_like, params)  # noqa: E731
+        return {"m": zeros_like(), "v": zeros_like(), "vmax": zeros_like(),
+                "count": jnp.zeros((), jnp.int32)}
+
+    def update(grads, state, params=None):
+        t = state["count"] + 1
+        tmap = jax.tree_util.tree_map
+        m = tmap(lambda m, g: beta_1 * m + (1 - beta_1) * g, state["m"], grads)
+        v = tmap(lambda v, g: beta_2 * v + (1 - beta_2) * g * g, state["v"], grads)
+        vmax = tmap(jnp.maximum, state["vmax"], v)
+        lr_t = learning_rate * jnp.sqrt(1 - beta_2 ** t) / (1 - beta_1 ** t)
+        updates = tmap(lambda m, vm: -lr_t * m / (jnp.sqrt(vm) + eps), m, vmax)
+        return updates, {"m": m, "v": v, "vmax": vmax, "count": t}
+
+    return optax.GradientTransformation(init, update)
+
+
 class AmsgradTrainer(Trainer):
-    """AMSGrad (Reddi et al., 2018): Adam with the running maximum of the second moment,
-    as Optax's ``amsgrad`` computes it (the maximum of the bias-corrected moment)."""
+    """AMSGrad (Reddi et al., 2018) as DyNet's (``dynet_amsgrad``): Adam with the running
+    maximum of the second moment."""
 
     def __init__(self, pc, learning_rate=0.001, beta_1: float = 0.9, beta_2: float = 0.999,
                  eps: float = 1e-8, **kwargs):
-        super().__init__(pc, optax.amsgrad(learning_rate, beta_1, beta_2, eps), **kwargs)
+        super().__init__(pc, dynet_amsgrad(learning_rate, beta_1, beta_2, eps), **kwargs)
         self._base_learning_rate = learning_rate
 
 

@@ -514,7 +514,10 @@ def cyclical_learning_rate(learning_rate_min: float, learning_rate_max: float,
 
 class CyclicalSGDTrainer(Trainer):
     """SGD with DyNet's cyclical learning rate (``cyclical_learning_rate``; Smith, 2017);
-    ``gamma`` decays the amplitude per update, 1.0 (the default) not at all."""
+    ``gamma`` decays the amplitude per update, 1.0 (the default) not at all. DyNet's
+    default is ``gamma=0.0``, under which ``gamma ** t`` holds the rate at
+    ``learning_rate_min`` from the second update on (its training.h); pass ``gamma=0.0``
+    to reproduce that, or nothing for the cycle."""
 
     sparse_is_exact = True
 

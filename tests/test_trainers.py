@@ -640,6 +640,22 @@ def test_amsgrad_trainer_follows_dynets_formula():
     assert (vmax > v).all()  # the maximum mattered
 
 
+def test_rmsprop_trainer_follows_dynets_formula_and_argument_order():
+    """``v = rho v + (1 - rho) g^2; p -= lr g / sqrt(v + eps)``, by hand; positional
+    arguments in DyNet's order (learning_rate, eps, rho)."""
+    pc, E, W = build()
+    trainer = dx.RMSPropTrainer(pc, 0.01, 1e-6, 0.8)
+    w, v = np.array(W.value, np.float64), np.zeros(W.shape)
+    for rows in ([1, 2], [2], [4]):
+        dx.renew_cg()
+        loss_of(E, W, rows).backward()
+        g = np.array(W.grad, np.float64)
+        trainer.update()
+        v = 0.8 * v + 0.2 * g * g
+        w = w - 0.01 * g / np.sqrt(v + 1e-6)
+        np.testing.assert_allclose(W.value, w, rtol=1e-5, atol=1e-7)
+
+
 def test_cyclical_sgd_trainer_rate_rises_and_falls_and_steps_by_it():
     pc, E, W = build()
     trainer = dx.CyclicalSGDTrainer(pc, learning_rate_min=0.01, learning_rate_max=0.1,

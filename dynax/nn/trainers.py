@@ -446,11 +446,13 @@ class AdamTrainer(Trainer):
 
 
 class RMSPropTrainer(Trainer):
-    """RMSProp."""
+    """RMSProp as DyNet's: ``v = rho v + (1 - rho) g**2; p -= learning_rate g /
+    sqrt(v + eps)``, with DyNet's argument order ``(learning_rate, eps, rho)``."""
 
-    def __init__(self, pc, learning_rate=0.001, decay: float = 0.9, eps: float = 1e-8,
+    def __init__(self, pc, learning_rate=0.001, eps: float = 1e-8, rho: float = 0.9,
                  **kwargs):
-        super().__init__(pc, optax.rmsprop(learning_rate, decay=decay, eps=eps), **kwargs)
+        super().__init__(pc, optax.rmsprop(learning_rate, decay=rho, eps=eps, eps_in_sqrt=True),
+                         **kwargs)
         self._base_learning_rate = learning_rate
 
 

@@ -212,6 +212,12 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
     (lambda x: dx.dropout_dim(x, 0, 1.0), dx.InvalidArgumentError,
      r"dropout_dim: p must be a number in \[0, 1\), got 1.0"),
     (lambda x: dx.block_dropout(x, -0.1), dx.InvalidArgumentError, r"block_dropout: p must be"),
+    (lambda x: dx.softmax(x, 2), dx.ShapeError, r"softmax: d=2 needs a matrix and d in"),
+    (lambda x: dx.softmax(np.ones(3, np.float32), 1), dx.ShapeError, r"softmax: d=1 needs a"),
+    (lambda x: dx.average_cols(np.ones(3, np.float32)), dx.ShapeError, r"average_cols: expec"),
+    (lambda x: dx.scale_gradient(x, "a"), dx.InvalidArgumentError,
+     r"scale_gradient: lambd must be a finite number"),
+    (lambda x: dx.silu(x, float("inf")), dx.InvalidArgumentError, r"silu: beta must be"),
 ])
 def test_further_ops_check_their_arguments(call, error, match):
     """The ops of dynax/ops/extra.py (values and gradients: tests/test_ops.py) fail at

@@ -565,6 +565,16 @@ case("transpose_scalar", A3, vec_data(), lambda P, d: dx.transpose(dx.sum_elems(
      lambda V, d: jnp.sum(d["x"] + V["A"]))
 case("sum_cols", M23, mat_data(), lambda P, d: dx.sum_cols(em(P, d["X"])),
      lambda V, d: jnp.sum(d["X"] + V["M"], axis=1))
+case("average_cols", M23, mat_data(), lambda P, d: dx.average_cols(em(P, d["X"])),
+     lambda V, d: jnp.mean(d["X"] + V["M"], axis=1))
+case("softmax_rows", M23, mat_data(), lambda P, d: dx.softmax(em(P, d["X"]), d=1),
+     lambda V, d: jax.nn.softmax(d["X"] + V["M"], axis=1))
+case("silu", A3, vec_data(), lambda P, d: dx.silu(ev(P, d["x"]), 0.7),
+     lambda V, d: (d["x"] + V["A"]) * jax.nn.sigmoid(0.7 * (d["x"] + V["A"])))
+case("scale_gradient", A3, vec_data(),  # value x, gradient times 0.25
+     lambda P, d: dx.square(dx.scale_gradient(ev(P, d["x"]), 0.25)),
+     lambda V, d: jnp.square(0.25 * (d["x"] + V["A"])
+                             + 0.75 * jax.lax.stop_gradient(d["x"] + V["A"])))
 
 
 # ---- the generic tests --------------------------------------------------------------------------

@@ -989,10 +989,22 @@ LOG_SOFTMAX = OpDef("log_softmax", lambda x: jax.nn.log_softmax(x, axis=0), CHEA
                     check=_ndim("log_softmax", (1, 2)))
 
 
-def softmax(x):
+def _check_softmax_dim(avals, statics):
+    shape, d = _shape(avals[0]), statics[0]
+    if len(shape) != 2 or d != 1:
+        raise ShapeError(f"softmax: d={d} needs a matrix and d in (0, 1), got shape {shape}")
+
+
+SOFTMAX_ROWS = OpDef("softmax", lambda x, d: jax.nn.softmax(x, axis=d), CHEAP,
+                     check=_check_softmax_dim)
+
+
+def softmax(x, d: int = 0):
     """Softmax of a vector; of a matrix, of each column (as DyNet's: attention scores as a
-    ``(T, 1)`` column normalise over T)."""
-    return _apply(SOFTMAX, x)
+    ``(T, 1)`` column normalise over T), or with ``d=1`` (DyNet's ``d``) of each row."""
+    if d == 0 and type(d) is int:
+        return _apply(SOFTMAX, x)
+    return _single(SOFTMAX_ROWS, x, "s", (_int("softmax", "d", d),))
 
 
 def _restricted_log_softmax(x, restrict):

@@ -77,6 +77,26 @@ def flip_gradient(x):
     return _apply(FLIP_GRADIENT, x)
 
 
+# the value is exactly x (s * x + (1 - s) * x would round); the gradient is s
+SCALE_GRADIENT = OpDef("scale_gradient",
+                       lambda x, s: jax.lax.stop_gradient(x) + s * (x - jax.lax.stop_gradient(x)),
+                       CHEAP)
+
+
+def scale_gradient(x, lambd: float = 1.0):
+    """The value of ``x``; the gradient flowing back through it is multiplied by ``lambd``
+    (DyNet's ``scale_gradient``; ``flip_gradient`` is ``lambd=-1``)."""
+    return _single(SCALE_GRADIENT, x, "s", (_real("scale_gradient", "lambd", lambd),))
+
+
+SILU = OpDef("silu", lambda x, beta: x * jax.nn.sigmoid(beta * x), CHEAP)
+
+
+def silu(x, beta: float = 1.0):
+    """Sigmoid-weighted linear unit (swish), elementwise: ``x * sigmoid(beta * x)``."""
+    return _single(SILU, x, "s", (_real("silu", "beta", beta),))
+
+
 def const_parameter(p):
     """A parameter's value as an expression no gradient flows back from (DyNet's)."""
     return nobackprop(parameter(p))
@@ -148,6 +168,14 @@ L2_NORM = _unary("l2_norm", lambda x: jnp.sqrt(jnp.sum(x * x)))
 def sum_dim(x, d):
     """Sum over dimension ``d`` (an int, or a list of them); those dimensions are removed."""
     return _single(SUM_DIM, x, "s", (_dims("sum_dim", d),))
+
+
+def average_cols(x):
+    """The mean of a matrix's columns, a vector of its rows' means (DyNet's
+    ``average_cols``)."""
+    if len(_shape(x)) != 2:
+        raise ShapeError(f"average_cols: expected a matrix, got shape {_shape(x)}")
+    return mean_dim(x, 1)
 
 
 def sum_cols(x):
@@ -700,14 +728,14 @@ def constant(shape, value: float):
                          np.float32))
 
 
-__all__ = ["acos", "acosh", "argmax", "asin", "asinh", "atan", "atanh", "block_dropout", "bmax",
-           "bmin", "ceil", "circ_conv", "circ_corr", "colwise_add", "const_lookup",
-           "const_parameter", "constant", "contract3d_1d", "contract3d_1d_bias", "cos", "cosh",
-           "cube", "cumsum", "cwise_multiply", "dropout_dim", "elu", "erf", "flip_gradient",
-           "floor", "huber_distance", "inverse", "l1_distance", "l2_norm", "layer_norm", "lgamma",
-           "log_sigmoid", "logdet", "logsumexp", "logsumexp_dim", "max_dim", "mean_dim",
-           "mean_elems", "min_dim", "moment_dim", "moment_elems", "nobackprop", "noise",
-           "pairwise_rank_loss", "pick_range", "pickrange", "poisson_loss", "pow", "round",
-           "select_cols", "select_rows", "selu", "sin", "sinh", "softsign", "sparsemax",
-           "squared_norm", "std_dim", "std_elems", "sum_cols", "sum_dim", "tan",
-           "trace_of_product", "weight_norm", "zeroes"]
+__all__ = ["acos", "acosh", "argmax", "asin", "asinh", "atan", "atanh", "average_cols",
+           "block_dropout", "bmax", "bmin", "ceil", "circ_conv", "circ_corr", "colwise_add",
+           "const_lookup", "const_parameter", "constant", "contract3d_1d", "contract3d_1d_bias",
+           "cos", "cosh", "cube", "cumsum", "cwise_multiply", "dropout_dim", "elu", "erf",
+           "flip_gradient", "floor", "huber_distance", "inverse", "l1_distance", "l2_norm",
+           "layer_norm", "lgamma", "log_sigmoid", "logdet", "logsumexp", "logsumexp_dim",
+           "max_dim", "mean_dim", "mean_elems", "min_dim", "moment_dim", "moment_elems",
+           "nobackprop", "noise", "pairwise_rank_loss", "pick_range", "pickrange", "poisson_loss",
+           "pow", "round", "scale_gradient", "select_cols", "select_rows", "selu", "silu", "sin",
+           "sinh", "softsign", "sparsemax", "squared_norm", "std_dim", "std_elems", "sum_cols",
+           "sum_dim", "tan", "trace_of_product", "weight_norm", "zeroes"]

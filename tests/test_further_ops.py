@@ -218,6 +218,11 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
     (lambda x: dx.scale_gradient(x, "a"), dx.InvalidArgumentError,
      r"scale_gradient: lambd must be a finite number"),
     (lambda x: dx.silu(x, float("inf")), dx.InvalidArgumentError, r"silu: beta must be"),
+    (lambda x: dx.sparsemax_loss(x, [0]), dx.ShapeError, r"sparsemax_loss: expected a vector"),
+    (lambda x: dx.sparsemax_loss(np.ones(3, np.float32), [3]), dx.IndexOutOfRangeError,
+     r"sparsemax_loss: target index 3 out of range \[0, 3\)"),
+    (lambda x: dx.sparsemax_loss(np.ones(3, np.float32), []), dx.InvalidArgumentError,
+     r"sparsemax_loss: target_support must be a non-empty list of ints"),
 ])
 def test_further_ops_check_their_arguments(call, error, match):
     """The ops of dynax/ops/extra.py (values and gradients: tests/test_ops.py) fail at

@@ -565,6 +565,21 @@ case("transpose_scalar", A3, vec_data(), lambda P, d: dx.transpose(dx.sum_elems(
      lambda V, d: jnp.sum(d["x"] + V["A"]))
 case("sum_cols", M23, mat_data(), lambda P, d: dx.sum_cols(em(P, d["X"])),
      lambda V, d: jnp.sum(d["X"] + V["M"], axis=1))
+def _sparsemax_loss_ref(z, support):
+    """The loss in its Fenchel-Young form, ``p.z - |p|^2/2 - q.z + |q|^2/2`` with p the
+    sparsemax, its threshold the largest of ``(sum of the top k - 1) / k`` (another route
+    than the op's support count)."""
+    top = jnp.cumsum(jnp.sort(z)[::-1])
+    tau = jnp.max((top - 1.0) / jnp.arange(1, z.shape[0] + 1))
+    p = jnp.maximum(z - tau, 0.0)
+    q = jnp.zeros(z.shape).at[jnp.array(support)].set(1.0 / len(support))
+    return p @ z - 0.5 * p @ p - q @ z + 0.5 * q @ q
+
+
+_SUPPORTS = [[0], [1, 2], [2, 0], [2]]  # per instance: different supports batch together
+case("sparsemax_loss", A3, lambda r, k: {"x": normal(r, 3), "s": _SUPPORTS[k]},
+     lambda P, d: dx.sparsemax_loss(ev(P, d["x"]), d["s"]),
+     lambda V, d: _sparsemax_loss_ref(d["x"] + V["A"], d["s"]))
 case("average_cols", M23, mat_data(), lambda P, d: dx.average_cols(em(P, d["X"])),
      lambda V, d: jnp.mean(d["X"] + V["M"], axis=1))
 case("softmax_rows", M23, mat_data(), lambda P, d: dx.softmax(em(P, d["X"]), d=1),

@@ -553,13 +553,18 @@ def weight_norm(w, g):
     return _apply(WEIGHT_NORM, w, g)
 
 
-def _sparsemax(x):
-    # Martins & Astudillo (2016): the Euclidean projection of x onto the simplex
+def _sparsemax_threshold(x):
+    # Martins & Astudillo (2016): sparsemax(x) = max(x - tau, 0), the Euclidean projection
+    # of x onto the simplex
     z = jnp.sort(x)[::-1]
     k = jnp.arange(1, x.shape[0] + 1, dtype=x.dtype)
     sums = jnp.cumsum(z)
     support = jnp.sum(1.0 + k * z > sums)  # the first `support` sorted entries stay positive
-    tau = (sums[support - 1] - 1.0) / support.astype(x.dtype)
+    return (sums[support - 1] - 1.0) / support.astype(x.dtype)
+
+
+def _sparsemax(x):
+    tau = _sparsemax_threshold(x)
     # not jnp.maximum: an entry exactly at tau is outside the support, gradient included
     # (the paper's Jacobian), where maximum would split the gradient of the tie
     return jnp.where(x > tau, x - tau, 0.0)
@@ -572,6 +577,42 @@ def sparsemax(x):
     """Sparsemax of a vector (Martins & Astudillo 2016): the point of the probability
     simplex nearest to ``x``; unlike softmax it can be exactly zero."""
     return _apply(SPARSEMAX, x)
+
+
+def _sparsemax_loss(x, q):
+    # the paper's loss for a target distribution q: its gradient is sparsemax(x) - q (the
+    # first term's derivative is sparsemax(x), tau's own derivative cancelling)
+    tau = _sparsemax_threshold(x)
+    loss = 0.5 * jnp.sum(jnp.where(x > tau, x * x - tau * tau, 0.0)) + 0.5 * jnp.sum(q * q) \
+        - jnp.dot(q, x)
+    # >= 0 in exact arithmetic; clamped as DyNet's value is, its gradient left as it is
+    return loss + jax.lax.stop_gradient(jnp.maximum(loss, 0.0) - loss)
+
+
+SPARSEMAX_LOSS = OpDef("sparsemax_loss", _sparsemax_loss, CHEAP,
+                       check=_all_same("sparsemax_loss"))
+
+
+def sparsemax_loss(x, target_support):
+    """The sparsemax loss of a vector of scores ``x`` (Martins & Astudillo 2016, DyNet's)
+    for the target distribution uniform over ``target_support`` (a list of indices); its
+    gradient is ``sparsemax(x) - q``. The target travels as a per-instance vector, so
+    instances with different supports still batch together."""
+    shape = _shape(x)
+    if len(shape) != 1:
+        raise ShapeError(f"sparsemax_loss: expected a vector, got shape {shape}")
+    if not isinstance(target_support, (list, tuple)) or not target_support or any(
+            isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in target_support):
+        raise InvalidArgumentError(f"sparsemax_loss: target_support must be a non-empty list "
+                                   f"of ints, got {target_support!r}")
+    bad = [i for i in target_support if not 0 <= i < shape[0]]
+    if bad:
+        raise IndexOutOfRangeError(f"sparsemax_loss: target index {bad[0]} out of range "
+                                   f"[0, {shape[0]})")
+    support = sorted({int(i) for i in target_support})
+    q = np.zeros(shape, np.float32)
+    q[support] = 1.0 / len(support)
+    return _tensor_node(SPARSEMAX_LOSS, (x, q), ())
 
 
 # ---- losses -------------------------------------------------------------------------------------
@@ -737,5 +778,5 @@ __all__ = ["acos", "acosh", "argmax", "asin", "asinh", "atan", "atanh", "average
            "max_dim", "mean_dim", "mean_elems", "min_dim", "moment_dim", "moment_elems",
            "nobackprop", "noise", "pairwise_rank_loss", "pick_range", "pickrange", "poisson_loss",
            "pow", "round", "scale_gradient", "select_cols", "select_rows", "selu", "silu", "sin",
-           "sinh", "softsign", "sparsemax", "squared_norm", "std_dim", "std_elems", "sum_cols",
-           "sum_dim", "tan", "trace_of_product", "weight_norm", "zeroes"]
+           "sinh", "softsign", "sparsemax", "sparsemax_loss", "squared_norm", "std_dim",
+           "std_elems", "sum_cols", "sum_dim", "tan", "trace_of_product", "weight_norm", "zeroes"]

@@ -89,13 +89,15 @@ def test_lookup_needs_a_table():
     assert x.value()[2] == 2.0  # the graph still computes
 
 
-def test_booleans_are_not_indices():
+def test_booleans_and_floats_are_not_indices():
+    """A TypeError (``ArgumentTypeError``), as Python's own ``[1, 2][1.0]``."""
     pc = dx.ParameterCollection(seed=0)
     E = pc.add_lookup_parameters((5, 2), name="E")
     dx.renew_cg()
     x = dx.input(np.arange(4.0))
-    for op in (lambda: dx.pick(x, True), lambda: E[True], lambda: dx.pickneglogsoftmax(x, False)):
-        with pytest.raises(dx.IndexOutOfRangeError, match="index must be an integer"):
+    for op in (lambda: dx.pick(x, True), lambda: E[True], lambda: dx.pickneglogsoftmax(x, False),
+               lambda: E[1.0], lambda: dx.pickneglogsoftmax(x, 1.0)):
+        with pytest.raises(dx.ArgumentTypeError, match="index must be an integer"):
             op()
 
 

@@ -107,6 +107,8 @@ def test_parameter_arrays_and_in_place_edits():
         E.init_row(0, [1.0, 2.0])
     with pytest.raises(dx.IndexOutOfRangeError, match="row_as_array of E: row -1"):
         E.row_as_array(-1)
+    with pytest.raises(dx.ArgumentTypeError, match="rows_as_array of E: a row must be an int"):
+        E.rows_as_array([0, 1.0])
 
     dx.renew_cg()
     (dx.sum_elems(dx.cmult(E[1], dx.input(np.array([1.0, 2.0, 3.0], np.float32))))
@@ -114,6 +116,25 @@ def test_parameter_arrays_and_in_place_edits():
     np.testing.assert_array_equal(E.row_grad_as_array(1), [1.0, 2.0, 3.0])
     np.testing.assert_array_equal(E.row_grad_as_array(0), np.zeros(3))
     np.testing.assert_allclose(b.grad_as_array(), np.asarray(W.value).sum(axis=0), **TOL)
+
+
+def test_parameter_expr_without_update_passes_no_gradient():
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters(3, name="W")
+    dx.renew_cg()
+    (dx.sum_elems(W.expr(False) * 2.0) + dx.sum_elems(W.expr())).backward()
+    np.testing.assert_allclose(W.grad, np.ones(3))  # through the updated expression only
+    with pytest.raises(dx.ArgumentTypeError, match="expr of W: update must be True or False"):
+        W.expr(0)
+
+
+def test_reductions_take_dynets_batch_flag_false():
+    dx.renew_cg()
+    M = dx.input(np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(dx.sum_dim(M, [1], False).npvalue(), [3.0, 12.0])
+    np.testing.assert_array_equal(dx.mean_dim(M, [1], False, 0).npvalue(), [1.0, 4.0])
+    np.testing.assert_allclose(dx.std_dim(M, [0], False).npvalue(), np.full(3, 1.5))
+    np.testing.assert_allclose(dx.moment_dim(M, [0], 2, False).npvalue(), [4.5, 8.5, 14.5])
 
 
 def test_older_names():

@@ -131,6 +131,8 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
     (lambda x: dx.noise(x, -1.0), dx.InvalidArgumentError, r"noise: stddev must be"),
     (lambda x: x * np.ones(3, np.float32), dx.ShapeError,
      r"cmult: .*`\*` multiplies elementwise here .* is `W @ x`"),
+    (lambda x: x * np.ones((3, 4), np.float32), dx.ShapeError,  # a matrix product, too
+     r"cmult: .*got \(2, 3\), \(3, 4\); `\*` multiplies elementwise here .* is `W @ x`"),
     (lambda x: dx.inputVector(np.ones((2, 2))), dx.ShapeError, r"inputVector: expected a vector"),
     (lambda x: dx.inputTensor(np.ones(2), batched=True), dx.InvalidArgumentError,
      r"inputTensor: batched=True"),
@@ -219,6 +221,32 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
      r"scale_gradient: lambd must be a finite number"),
     (lambda x: dx.silu(x, float("inf")), dx.InvalidArgumentError, r"silu: beta must be"),
     (lambda x: dx.sparsemax_loss(x, [0]), dx.ShapeError, r"sparsemax_loss: expected a vector"),
+    (lambda x: dx.affine_transform([np.ones(3, np.float32), np.ones((2, 2), np.float32),
+                                    np.ones((2, 4), np.float32)]), dx.ShapeError,
+     r"affine_transform: bias \(3,\) does not fit the products' shape \(2, 4\)"),
+    (lambda x: dx.affine_transform([np.ones(2, np.float32), x, np.ones(4, np.float32)]),
+     dx.ShapeError, r"affine_transform: term 0: W\(2, 3\) @ x\(4,\) is not a matrix-vector"),
+    (lambda x: dx.affine_transform([np.ones(2, np.float32), x, np.ones(3, np.float32), x,
+                                    np.ones((3, 2), np.float32)]), dx.ShapeError,
+     r"affine_transform: term 1: W\(2, 3\) @ x\(3, 2\) has shape \(2, 2\), the terms "
+     r"before \(2,\)"),
+    # DyNet's {n} = {n, 1} and {1} = (): the errors say how to convert
+    (lambda x: dx.concatenate([np.ones((3, 1), np.float32), np.ones(2, np.float32)]),
+     dx.ShapeError, r"concatenate: shapes \[\(3, 1\), \(2,\)\] differ outside axis 0; "
+                    r"DyNet treats a \(3, 1\) column as the vector \(3,\), dynax \(as NumPy\) "
+                    r"does not: dx.reshape\(x, \(3,\)\) makes it one"),
+    (lambda x: dx.pickneglogsoftmax(np.ones((3, 1), np.float32), 0), dx.ShapeError,
+     r"pickneglogsoftmax: expected a vector, got shape \(3, 1\); DyNet treats a \(3, 1\)"),
+    (lambda x: dx.squared_distance(np.ones((3, 1), np.float32), np.ones(3, np.float32)),
+     dx.ShapeError, r"squared_distance: .*; DyNet treats a \(3, 1\) column as the vector"),
+    (lambda x: dx.esum([np.ones((), np.float32), np.ones(1, np.float32)]), dx.ShapeError,
+     r"esum: .* item 0 has shape \(\), item 1 has \(1,\); DyNet treats a scalar \(\) and "
+     r"a 1-vector \(1,\) alike"),
+    (lambda x: dx.sum_dim(x, [1], True), dx.InvalidArgumentError,
+     r"sum_dim: b=True reduces DyNet's batch dimension, which dynax does not have"),
+    (lambda x: dx.mean_dim(x, [1], False, 4), dx.InvalidArgumentError,
+     r"mean_dim: n \(DyNet's sample count\) is not supported, got 4"),
+    (lambda x: dx.std_dim(x, [1], 1), dx.InvalidArgumentError, r"std_dim: b=True"),
     (lambda x: dx.sparsemax_loss(np.ones(3, np.float32), [3]), dx.IndexOutOfRangeError,
      r"sparsemax_loss: target index 3 out of range \[0, 3\)"),
     (lambda x: dx.sparsemax_loss(np.ones(3, np.float32), []), dx.InvalidArgumentError,

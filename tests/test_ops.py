@@ -580,6 +580,12 @@ _SUPPORTS = [[0], [1, 2], [2, 0], [2]]  # per instance: different supports batch
 case("sparsemax_loss", A3, lambda r, k: {"x": normal(r, 3), "s": _SUPPORTS[k]},
      lambda P, d: dx.sparsemax_loss(ev(P, d["x"]), d["s"]),
      lambda V, d: _sparsemax_loss_ref(d["x"] + V["A"], d["s"]))
+case("affine_transform_column_bias", {**M23, **A3},  # (2,) and (2, 1) biases on (2, 4)
+     lambda r, k: {"X": normal(r, 3, 4), "b": normal(r, 2), "c": normal(r, 2, 1)},
+     lambda P, d: (dx.affine_transform([inp(d["b"]) * dx.sum_elems(P["A"]), P["M"], inp(d["X"])]),
+                   dx.affine_transform([inp(d["c"]), P["M"], inp(d["X"]) * dx.sum_elems(P["A"])])),
+     lambda V, d: ((d["b"] * jnp.sum(V["A"]))[:, None] + V["M"] @ d["X"],
+                   d["c"] + V["M"] @ (d["X"] * jnp.sum(V["A"]))))
 case("average_cols", M23, mat_data(), lambda P, d: dx.average_cols(em(P, d["X"])),
      lambda V, d: jnp.mean(d["X"] + V["M"], axis=1))
 case("softmax_rows", M23, mat_data(), lambda P, d: dx.softmax(em(P, d["X"]), d=1),

@@ -229,8 +229,8 @@ class ComputationGraph:
         for i, (x, hi) in enumerate(zip(ints, sig.bounds)):
             try:
                 x = as_index(x)
-            except TypeError:
-                raise IndexOutOfRangeError(
+            except TypeError:  # a TypeError, as Python's own indexing with a float
+                raise ArgumentTypeError(
                     f"{sig.op.name}: index must be an integer, got {ints[i]!r} "
                     f"(arguments: {describe(kinds, tuple(key))})")
             if not 0 <= x < hi:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..device import get_device, zeros
-from ..errors import IndexOutOfRangeError, InvalidArgumentError
+from ..errors import ArgumentTypeError, IndexOutOfRangeError, InvalidArgumentError
 from ..operators import Operators
 
 INITS = ("glorot", "normal", "uniform", "zeros", "ones")
@@ -175,9 +175,16 @@ class Parameter(Operators):
         self._has_grad = False
 
     # ---- in expressions (operators from ``Operators``: it joins the current graph by itself) --
-    def expr(self):
-        """The parameter as an Expression of the current graph."""
-        return _ops.parameter(self)
+    def expr(self, update: bool = True):
+        """The parameter as an Expression of the current graph; with ``update=False``
+        (DyNet's), one no gradient flows back from (``dx.const_parameter``)."""
+        if update is True:
+            return _ops.parameter(self)
+        if update is False:
+            from ..ops.extra import const_parameter
+            return const_parameter(self)
+        raise ArgumentTypeError(f"expr of {self.name}: update must be True or False, got "
+                                f"{update!r}")
 
     __array_priority__ = 1000
 
@@ -200,9 +207,10 @@ class LookupParameter(Parameter):
     # ---- DyNet's row access ------------------------------------------------------------------
     def _row(self, i, what: str) -> int:
         n = self.shape[0]
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < n:
-            raise IndexOutOfRangeError(f"{what} of {self.name}: row {i!r} out of range "
-                                       f"[0, {n})")
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise ArgumentTypeError(f"{what} of {self.name}: a row must be an int, got {i!r}")
+        if not 0 <= i < n:
+            raise IndexOutOfRangeError(f"{what} of {self.name}: row {i} out of range [0, {n})")
         return int(i)
 
     def init_row(self, i: int, row) -> None:

@@ -129,7 +129,8 @@ def _check_vector(who, what, x, dim):
         raise StaleExpressionError(f"{who}: {what} belongs to a computation graph replaced "
                                    "by dx.renew_cg(); build it again on the current graph")
     if tuple(x.shape) != (dim,):
-        raise ShapeError(f"{who}: {what} must have shape ({dim},), got {tuple(x.shape)}")
+        raise ShapeError(f"{who}: {what} must have shape ({dim},), got {tuple(x.shape)}"
+                         f"{ops.dynet_dims_hint([tuple(x.shape)])}")
 
 
 def _vector_arg(who, what, x, dim):

@@ -148,13 +148,28 @@ def _shape(a):
 
 # ---- shape checks (shared by op families) ------------------------------------------------------
 
+def dynet_dims_hint(shapes) -> str:
+    """A hint for shapes that DyNet's dimensions equate and NumPy's (dynax's) do not: a
+    column ``(n, 1)`` and a vector ``(n,)`` (e.g. an attention context ``H @ softmax(s)``),
+    or a scalar ``()`` and a 1-vector ``(1,)``. Empty when there is none."""
+    shapes = [tuple(sh) for sh in shapes]
+    for sh in shapes:
+        if len(sh) == 2 and sh[1] == 1 and ((sh[0],) in shapes or len(shapes) == 1):
+            return (f"; DyNet treats a ({sh[0]}, 1) column as the vector ({sh[0]},), dynax "
+                    f"(as NumPy) does not: dx.reshape(x, ({sh[0]},)) makes it one")
+    if () in shapes and (1,) in shapes:
+        return ("; DyNet treats a scalar () and a 1-vector (1,) alike, dynax (as NumPy) does "
+                "not: dx.reshape(x, ()) or dx.pick(x, 0) makes the 1-vector a scalar")
+    return ""
+
+
 def _same_or_scalar(name):
     def check(avals, statics):
         shapes = [_shape(a) for a in avals]
         full = [s for s in shapes if s != ()]
         if any(s != full[0] for s in full):
             raise ShapeError(f"{name}: shapes must be equal (or one a scalar), got "
-                             f"{', '.join(map(str, shapes))}")
+                             f"{', '.join(map(str, shapes))}{dynet_dims_hint(shapes)}")
     return check
 
 
@@ -175,9 +190,9 @@ def _broadcastable(name):
             hint = ("; a vector is not broadcast against a matrix (DyNet aligns it with the "
                     "columns, NumPy with the rows): reshape it to (n, 1) or (1, n), or use "
                     "dx.colwise_add")
-            if name == "cmult" and len(a) == 2 and a[1] == b[0]:
-                hint = ("; `*` multiplies elementwise here (as in NumPy), so DyNet's matrix "
-                        "product `W * x` is `W @ x`")
+        if name == "cmult" and len(a) == 2 and len(b) in (1, 2) and a[1] == b[0]:
+            hint = ("; `*` multiplies elementwise here (as in NumPy), so DyNet's matrix "
+                    "product `W * x` is `W @ x`")
         raise ShapeError(f"{name}: shapes must be equal, or of one rank with each dimension "
                          f"equal or 1 on one side (broadcast), or one a scalar; got "
                          f"{', '.join(map(str, shapes))}{hint}")
@@ -189,7 +204,7 @@ def _all_same(name):
         shapes = [_shape(a) for a in avals if not isinstance(a, (int, float, str))]
         if any(s != shapes[0] for s in shapes):
             raise ShapeError(f"{name}: all arguments must have the same shape, got "
-                             f"{', '.join(map(str, shapes))}")
+                             f"{', '.join(map(str, shapes))}{dynet_dims_hint(shapes)}")
     return check
 
 
@@ -197,7 +212,8 @@ def _vector(name, n=1):
     def check(avals, statics):
         for a in avals[:n]:
             if len(_shape(a)) != 1:
-                raise ShapeError(f"{name}: expected a vector, got shape {_shape(a)}")
+                raise ShapeError(f"{name}: expected a vector, got shape {_shape(a)}"
+                                 f"{dynet_dims_hint([_shape(a)])}")
     return check
 
 
@@ -453,9 +469,14 @@ def training_draw(op, x, rate: float, *statics):
                  [x, g.seed, len(g.node_sig), float(rate), *statics])
 
 
-def _dropout_fn(x, seed, node, p):
-    keep = jax.random.bernoulli(draw_key(seed, node), 1.0 - p, x.shape)
+def kept_and_scaled(x, keep, p):
+    """Inverted dropout's output: the kept entries scaled by 1/(1-p), the rest zero
+    (``keep`` broadcasts against ``x``)."""
     return jnp.where(keep, x / (1.0 - p), 0.0).astype(x.dtype)
+
+
+def _dropout_fn(x, seed, node, p):
+    return kept_and_scaled(x, jax.random.bernoulli(draw_key(seed, node), 1.0 - p, x.shape), p)
 
 
 DROPOUT = OpDef("dropout", _dropout_fn, CHEAP, index_bounds=seed_and_node_bounds)
@@ -598,7 +619,9 @@ def dot_product(a, b):
 
 
 def _affine(*args):
-    out = args[0]
+    out, W, x = args[:3]
+    if x.ndim == 2 and out.shape != (W.shape[0], x.shape[1]):
+        out = out.reshape(-1, 1)  # a column bias, added to every column (as DyNet's)
     for W, x in zip(args[1::2], args[2::2]):
         out = out + W @ x
     return out
@@ -606,11 +629,20 @@ def _affine(*args):
 
 def _check_affine(avals, statics):
     b = _shape(avals[0])
+    out = None
     for i in range(1, len(avals), 2):
         W, x = _shape(avals[i]), _shape(avals[i + 1])
-        if len(W) != 2 or len(x) not in (1, 2) or W[1] != x[0] or (W[0],) + x[1:] != b:
-            raise ShapeError(f"affine_transform: term {i // 2}: W{W} @ x{x} does not fit "
-                             f"bias {b}")
+        if len(W) != 2 or len(x) not in (1, 2) or W[1] != x[0]:
+            raise ShapeError(f"affine_transform: term {i // 2}: W{W} @ x{x} is not a "
+                             "matrix-vector or matrix-matrix product")
+        if out is not None and (W[0],) + x[1:] != out:
+            raise ShapeError(f"affine_transform: term {i // 2}: W{W} @ x{x} has shape "
+                             f"{(W[0],) + x[1:]}, the terms before {out}")
+        out = (W[0],) + x[1:]
+    if b != out and not (len(out) == 2 and b in ((out[0],), (out[0], 1))):
+        raise ShapeError(f"affine_transform: bias {b} does not fit the products' shape {out} "
+                         f"(a matrix product takes a bias of its shape, or a column ({out[0]},) "
+                         f"or ({out[0]}, 1) added to every column)")
 
 
 AFFINE = OpDef("affine_transform", _affine, HEAVY, check=_check_affine)
@@ -669,7 +701,10 @@ def _check_concat(avals, statics):
         raise ShapeError(f"concatenate: axis d={d} invalid for shapes {given}")
     for s in shapes:
         if len(s) != nd or s[:d] + s[d + 1:] != shapes[0][:d] + shapes[0][d + 1:]:
-            raise ShapeError(f"concatenate: shapes {given} differ outside axis {d}")
+            columns = [sh for sh in given if len(sh) == 2 and sh[1] == 1]
+            hint = dynet_dims_hint(columns[:1]) if columns and any(
+                len(sh) == 1 for sh in given) else ""  # a column among vectors
+            raise ShapeError(f"concatenate: shapes {given} differ outside axis {d}{hint}")
 
 
 CONCAT = OpDef("concatenate",
@@ -916,8 +951,10 @@ def _name_the_item(opname, items):
     bad = next((i for i, x in enumerate(items) if tuple(x.shape) != first), None)
     if bad is None:
         raise  # the error being handled
+    other = tuple(items[bad].shape)
     raise ShapeError(f"{opname}: all items must have the same shape; item 0 has shape "
-                     f"{first}, item {bad} has {tuple(items[bad].shape)}") from None
+                     f"{first}, item {bad} has {other}{dynet_dims_hint([first, other])}"
+                     ) from None
 
 
 def _list_op(fn):

@@ -17,8 +17,9 @@ import numpy as np
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
 from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _checked_shape,
                    _dropout_rate, _int, _real, _shape, _single, _tensor_node, _unary, _vector,
-                   atomic, cmult, concatenate, concatenate_cols, draw_key, input, lookup,
-                   parameter, seed_and_node_bounds, training_draw, zeros)
+                   atomic, cmult, concatenate, concatenate_cols, draw_key, input,
+                   kept_and_scaled, lookup, parameter, seed_and_node_bounds, training_draw,
+                   zeros)
 from .registry import CHEAP, HEAVY, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------
@@ -165,8 +166,21 @@ MEAN_ELEMS = _unary("mean_elems", jnp.mean)
 L2_NORM = _unary("l2_norm", lambda x: jnp.sqrt(jnp.sum(x * x)))
 
 
-def sum_dim(x, d):
-    """Sum over dimension ``d`` (an int, or a list of them); those dimensions are removed."""
+def _no_batch(opname, b, n=0) -> None:
+    """DyNet's batch flag ``b`` and sample count ``n`` of its reductions: dynax has no
+    batch dimension (the autobatcher batches), so ``b`` must be False and ``n`` 0."""
+    if not (isinstance(b, (bool, np.bool_)) and not b):
+        raise InvalidArgumentError(f"{opname}: b=True reduces DyNet's batch dimension, which "
+                                   "dynax does not have (write one instance at a time)")
+    if n != 0:
+        raise InvalidArgumentError(f"{opname}: n (DyNet's sample count) is not supported, "
+                                   f"got {n!r}")
+
+
+def sum_dim(x, d, b: bool = False):
+    """Sum over dimension ``d`` (an int, or a list of them); those dimensions are removed.
+    ``b`` is DyNet's batch flag: False, as there is no batch dimension."""
+    _no_batch("sum_dim", b)
     return _single(SUM_DIM, x, "s", (_dims("sum_dim", d),))
 
 
@@ -185,8 +199,10 @@ def sum_cols(x):
     return sum_dim(x, 1)
 
 
-def mean_dim(x, d):
-    """Mean over dimension ``d`` (an int, or a list of them)."""
+def mean_dim(x, d, b: bool = False, n: int = 0):
+    """Mean over dimension ``d`` (an int, or a list of them); ``b`` and ``n`` as DyNet's,
+    False and 0 only (``_no_batch``)."""
+    _no_batch("mean_dim", b, n)
     return _single(MEAN_DIM, x, "s", (_dims("mean_dim", d),))
 
 
@@ -324,8 +340,7 @@ def noise(x, stddev: float):
 
 def _dropout_dim_fn(x, seed, node, p, d):
     shape = x.shape[:d] + (1,) + x.shape[d + 1:]  # one draw for each slice along d
-    keep = jax.random.bernoulli(draw_key(seed, node), 1.0 - p, shape)
-    return jnp.where(keep, x / (1.0 - p), 0.0).astype(x.dtype)
+    return kept_and_scaled(x, jax.random.bernoulli(draw_key(seed, node), 1.0 - p, shape), p)
 
 
 def _check_dropout_dim(avals, statics):
@@ -348,8 +363,7 @@ def dropout_dim(x, d: int, p: float):
 
 
 def _block_dropout_fn(x, seed, node, p):
-    keep = jax.random.bernoulli(draw_key(seed, node), 1.0 - p)
-    return jnp.where(keep, x / (1.0 - p), 0.0).astype(x.dtype)
+    return kept_and_scaled(x, jax.random.bernoulli(draw_key(seed, node), 1.0 - p), p)
 
 
 BLOCK_DROPOUT = OpDef("block_dropout", _block_dropout_fn, CHEAP,
@@ -499,13 +513,17 @@ def moment_elems(x, r: int):
     return _single(MOMENT_ELEMS, x, "s", (_order("moment_elems", r),))
 
 
-def std_dim(x, d):
-    """Standard deviation (the population's) over dimension ``d`` (an int or a list)."""
+def std_dim(x, d, b: bool = False, n: int = 0):
+    """Standard deviation (the population's) over dimension ``d`` (an int or a list);
+    ``b`` and ``n`` as DyNet's, False and 0 only (``_no_batch``)."""
+    _no_batch("std_dim", b, n)
     return _single(STD_DIM, x, "s", (_dims("std_dim", d),))
 
 
-def moment_dim(x, d, r: int):
-    """The ``r``-th raw moment, ``mean(x ** r)``, over dimension ``d`` (an int or a list)."""
+def moment_dim(x, d, r: int, b: bool = False, n: int = 0):
+    """The ``r``-th raw moment, ``mean(x ** r)``, over dimension ``d`` (an int or a list);
+    ``b`` and ``n`` as DyNet's, False and 0 only (``_no_batch``)."""
+    _no_batch("moment_dim", b, n)
     return _single(MOMENT_DIM, x, "ss", (_dims("moment_dim", d), _order("moment_dim", r)))
 
 

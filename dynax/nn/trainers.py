@@ -451,8 +451,8 @@ class RMSPropTrainer(Trainer):
 
     def __init__(self, pc, learning_rate=0.001, eps: float = 1e-8, rho: float = 0.9,
                  **kwargs):
-        super().__init__(pc, optax.rmsprop(learning_rate, decay=rho, eps=eps, eps_in_sqrt=True),
-                         **kwargs)
+        super().__init__(pc, optax.rmsprop(learning_rate, decay=rho, eps=eps,
+                                           eps_in_sqrt=True), **kwargs)
         self._base_learning_rate = learning_rate
 
 
@@ -474,9 +474,9 @@ def dynet_amsgrad(learning_rate: float, beta_1: float = 0.9, beta_2: float = 0.9
     ``amsgrad`` takes the maximum of the bias-corrected ``v`` instead, which keeps the
     large early values (``v / (1 - beta_2^t)``) far longer: another optimizer."""
     def init(params):
-        zeros_like = lambda: jax.tree_util.tree_map(jnp.zeros_like, params)  # noqa: E731
-        return {"m": zeros_like(), "v": zeros_like(), "vmax": zeros_like(),
-                "count": jnp.zeros((), jnp.int32)}
+        def zeros():  # one buffer each: the trainer donates the state
+            return jax.tree_util.tree_map(jnp.zeros_like, params)
+        return {"m": zeros(), "v": zeros(), "vmax": zeros(), "count": jnp.zeros((), jnp.int32)}
 
     def update(grads, state, params=None):
         t = state["count"] + 1

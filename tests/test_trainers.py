@@ -598,23 +598,34 @@ def test_further_dynet_trainers_equal_their_optax_transform(make, make_tx):
     assert_follows_optax(make(pc), make_tx(), E, W, ([1, 2, 2], [3], [1, 7], [2]))
 
 
-def test_adadelta_trainer_follows_dynets_formula():
-    """Zeiler's update, by hand: ``Eg = rho Eg + (1 - rho) g^2; d = sqrt(Ed + eps) /
-    sqrt(Eg + eps) g; Ed = rho Ed + (1 - rho) d^2; p -= d``."""
-    pc, E, W = build()
-    trainer = dx.AdadeltaTrainer(pc, eps=1e-6, rho=0.95)
+def assert_follows_formula(trainer, E, W, rule):
+    """Three updates of ``trainer`` against ``rule(w, g) -> w``, the update written by hand
+    in float64 (``rule`` keeps its own state)."""
     w = np.array(W.value, np.float64)
-    eg, ed = np.zeros_like(w), np.zeros_like(w)
     for rows in ([1, 2], [2], [4]):
         dx.renew_cg()
         loss_of(E, W, rows).backward()
         g = np.array(W.grad, np.float64)
         trainer.update()
+        w = rule(w, g)
+        np.testing.assert_allclose(W.value, w, rtol=1e-5, atol=1e-7)
+
+
+def test_adadelta_trainer_follows_dynets_formula():
+    """Zeiler's update, by hand: ``Eg = rho Eg + (1 - rho) g^2; d = sqrt(Ed + eps) /
+    sqrt(Eg + eps) g; Ed = rho Ed + (1 - rho) d^2; p -= d``."""
+    pc, E, W = build()
+    trainer = dx.AdadeltaTrainer(pc, eps=1e-6, rho=0.95)
+    eg, ed = np.zeros(W.shape), np.zeros(W.shape)
+
+    def rule(w, g):
+        nonlocal eg, ed
         eg = 0.95 * eg + 0.05 * g * g
         d = np.sqrt(ed + 1e-6) / np.sqrt(eg + 1e-6) * g
         ed = 0.95 * ed + 0.05 * d * d
-        w = w - d
-        np.testing.assert_allclose(W.value, w, rtol=1e-5, atol=1e-7)
+        return w - d
+
+    assert_follows_formula(trainer, E, W, rule)
     assert trainer.learning_rate == 1.0
 
 
@@ -644,16 +655,14 @@ def test_rmsprop_trainer_follows_dynets_formula_and_argument_order():
     """``v = rho v + (1 - rho) g^2; p -= lr g / sqrt(v + eps)``, by hand; positional
     arguments in DyNet's order (learning_rate, eps, rho)."""
     pc, E, W = build()
-    trainer = dx.RMSPropTrainer(pc, 0.01, 1e-6, 0.8)
-    w, v = np.array(W.value, np.float64), np.zeros(W.shape)
-    for rows in ([1, 2], [2], [4]):
-        dx.renew_cg()
-        loss_of(E, W, rows).backward()
-        g = np.array(W.grad, np.float64)
-        trainer.update()
+    v = np.zeros(W.shape)
+
+    def rule(w, g):
+        nonlocal v
         v = 0.8 * v + 0.2 * g * g
-        w = w - 0.01 * g / np.sqrt(v + 1e-6)
-        np.testing.assert_allclose(W.value, w, rtol=1e-5, atol=1e-7)
+        return w - 0.01 * g / np.sqrt(v + 1e-6)
+
+    assert_follows_formula(dx.RMSPropTrainer(pc, 0.01, 1e-6, 0.8), E, W, rule)
 
 
 def test_cyclical_sgd_trainer_rate_rises_and_falls_and_steps_by_it():

@@ -192,7 +192,10 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
     (lambda x: dx.concatenate_cols([np.ones((2, 2, 2), np.float32)]), dx.ShapeError,
      r"concatenate_cols: expected scalars, vectors or matrices"),
     (lambda x: dx.concatenate_cols([]), dx.InvalidArgumentError, r"concatenate_cols"),
-    (lambda x: dx.pick(x, 3, 1), dx.IndexOutOfRangeError, r"pick: index 3 out of range \[0, 3\)"),
+    (lambda x: dx.pick(x, 3, 1), dx.IndexOutOfRangeError,
+     r"pick: index 3 out of range \[0, 3\) along dim 1 of shape \(2, 3\)"),
+    (lambda x: dx.pick(x, np.int64(3), 1), dx.IndexOutOfRangeError,  # the general check
+     r"pick: index 3 out of range \[0, 3\)"),
     (lambda x: dx.pick(x, 0, 2), dx.ShapeError, r"pick: dim 2 invalid for shape \(2, 3\)"),
     (lambda x: dx.pick(x, 0, 1.0), dx.InvalidArgumentError, r"pick: dim must be an int"),
     (lambda x: dx.log_softmax(x, [0]), dx.ShapeError,

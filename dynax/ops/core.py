@@ -792,7 +792,11 @@ def pick(x, i, dim: int = 0):
     ``i`` along that dimension: ``pick(M, j, 1)`` is column ``j``."""
     if dim == 0 and type(dim) is int:
         return _single(PICK, x, "i", (i,))
-    return _single(PICK_DIM, x, "is", (i, _int("pick", "dim", dim)))
+    dim, shape = _int("pick", "dim", dim), _shape(x)
+    if type(i) is int and 0 <= dim < len(shape) and not 0 <= i < shape[dim]:  # say which dim
+        raise IndexOutOfRangeError(f"pick: index {i} out of range [0, {shape[dim]}) along "
+                                   f"dim {dim} of shape {shape}")
+    return _single(PICK_DIM, x, "is", (i, dim))
 
 
 def slice_first_dim(x, s: slice):

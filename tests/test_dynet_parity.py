@@ -137,6 +137,16 @@ def test_reductions_take_dynets_batch_flag_false():
     np.testing.assert_allclose(dx.moment_dim(M, [0], 2, False).npvalue(), [4.5, 8.5, 14.5])
 
 
+def test_loading_into_an_empty_collection_says_to_build_the_model_first(tmp_path):
+    pc = dx.ParameterCollection(seed=0)
+    dx.LSTMBuilder(1, 2, 3, pc)
+    dx.save(tmp_path / "m.npz", [pc])
+    with pytest.raises(ValueError, match=r"has no parameter of that name \(it has \[\]\); "
+                                         r"dynax does not construct the saved objects"):
+        dx.load(tmp_path / "m.npz", dx.ParameterCollection())
+    assert dx.load(tmp_path / "m.npz", pc) is pc  # into the built model: fine
+
+
 def test_older_names():
     assert dx.pickrange is dx.pick_range
     assert dx.Model is dx.ParameterCollection

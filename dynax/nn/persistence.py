@@ -253,9 +253,12 @@ def load(path, target):
         for name, a in sorted(_full_names(objects, target._prefix, "load").items()):
             p = names.get(name)
             if p is None:
+                have = [q.name for q in target.parameters()]
+                hint = ("; dynax does not construct the saved objects (DyNet's dy.load does): "
+                        "build the model into the collection first, as before saving, then "
+                        "load into it") if not have else ""
                 raise ValueError(f"load: {path} holds parameter {name!r} but the collection "
-                                 f"has no parameter of that name "
-                                 f"(it has {[q.name for q in target.parameters()][:10]})")
+                                 f"has no parameter of that name (it has {have[:10]}){hint}")
             _stage(staged, p, name, a, path, "load")
     else:
         targets = list(target) if isinstance(target, (list, tuple)) else [target]

@@ -237,11 +237,14 @@ def test_release_memory_ends_the_current_graph_instead_of_zeroing_its_values():
     afterwards is refused (it read zeros before), and the next graph works."""
     pc = dx.ParameterCollection(seed=0)
     W, E = pc.add_parameters((3, 4)), pc.add_lookup_parameters((10, 4))
+    lstm = dx.LSTMBuilder(1, 4, 3, pc)
     dx.renew_cg()
     h = W @ E[2]
     h.forward()
+    state = lstm.initial_state()
     dx.release_memory()
-    for use in (lambda: h.npvalue(), lambda: h * 1.0, lambda: dx.sum_elems(h).backward()):
+    for use in (lambda: h.npvalue(), lambda: h * 1.0, lambda: dx.sum_elems(h).backward(),
+                lambda: state.add_input(E[1]), lambda: state.set_h([h])):
         with pytest.raises(dx.StaleExpressionError, match="dx.release_memory\\(\\) dropped"):
             use()
     h = W @ E[2]  # a new graph, started by the next operation

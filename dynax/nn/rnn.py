@@ -126,8 +126,8 @@ def _as_expr(x):
 
 def _check_vector(who, what, x, dim):
     if not x.g.alive:  # named here: the cell op below would name itself, not the builder
-        raise StaleExpressionError(f"{who}: {what} belongs to a computation graph replaced "
-                                   "by dx.renew_cg(); build it again on the current graph")
+        raise StaleExpressionError(f"{who}: {what} belongs to a computation graph "
+                                   f"{x.g.retired_because}; build it again on the current graph")
     if tuple(x.shape) != (dim,):
         raise ShapeError(f"{who}: {what} must have shape ({dim},), got {tuple(x.shape)}"
                          f"{ops.dynet_dims_hint([tuple(x.shape)])}")
@@ -174,9 +174,10 @@ class RNNState:
     def _add_input(self, x) -> "RNNState":
         b = self.builder
         who = type(b).__name__ + ".add_input"
-        if not self.layers[0][-1].g.alive:  # before any node is added (dropout's)
+        g = self.layers[0][-1].g
+        if not g.alive:  # before any node is added (dropout's)
             raise StaleExpressionError(f"{who}: this state belongs to a computation graph "
-                                       "replaced by dx.renew_cg(); start again from "
+                                       f"{g.retired_because}; start again from "
                                        "initial_state() on the current graph")
         x = _as_expr(x)
         _check_vector(who, "input", x, b.input_dim)
@@ -232,9 +233,10 @@ class RNNState:
         """The state with vectors ``first..`` of every layer (in ``s()`` order) replaced."""
         b = self.builder
         who = f"{type(b).__name__} state.{name}"
-        if not self.layers[0][-1].g.alive:
+        g = self.layers[0][-1].g
+        if not g.alive:
             raise StaleExpressionError(f"{who}: this state belongs to a computation graph "
-                                       "replaced by dx.renew_cg()")
+                                       f"{g.retired_because}")
         L, n = len(self.layers), len(self.layers[0])
         if not isinstance(es, (list, tuple)):
             raise ArgumentTypeError(f"{who}: expected a list of {(n - first) * L} vectors, "

@@ -536,6 +536,15 @@ def _random(op, shape, a, b):
     return _node(op, "iisss", [g.seed, len(g.node_sig), dims, a, b])
 
 
+def _int_list(opname, what, xs) -> tuple:
+    """``xs`` as a tuple of ints, checked to be a non-empty list or tuple of them."""
+    if not isinstance(xs, (list, tuple)) or not xs or any(
+            isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in xs):
+        raise InvalidArgumentError(f"{opname}: {what} must be a non-empty list of ints, got "
+                                   f"{xs!r}")
+    return tuple(int(i) for i in xs)
+
+
 def _int(opname, what, v) -> int:
     """``v`` as an int (a bool is not one), else a clear error."""
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
@@ -1074,11 +1083,8 @@ def log_softmax(x, restrict=None):
     -inf."""
     if restrict is None:
         return _apply(LOG_SOFTMAX, x)
-    if not isinstance(restrict, (list, tuple)) or not restrict or any(
-            isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in restrict):
-        raise InvalidArgumentError(f"log_softmax: restrict must be a non-empty list of ints, "
-                                   f"got {restrict!r}")
-    return _single(RESTRICTED_LOG_SOFTMAX, x, "s", (tuple(sorted({int(i) for i in restrict})),))
+    restrict = tuple(sorted(set(_int_list("log_softmax", "restrict", restrict))))
+    return _single(RESTRICTED_LOG_SOFTMAX, x, "s", (restrict,))
 
 
 PNLS = OpDef("pickneglogsoftmax", lambda x, i: -jax.nn.log_softmax(x)[i], CHEAP,

@@ -16,10 +16,9 @@ import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
 from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _checked_shape,
-                   _dropout_rate, _int, _real, _shape, _single, _tensor_node, _unary, _vector,
-                   atomic, cmult, concatenate, concatenate_cols, draw_key, input,
-                   kept_and_scaled, lookup, parameter, seed_and_node_bounds, training_draw,
-                   zeros)
+                   _dropout_rate, _int, _int_list, _real, _shape, _single, _tensor_node, _unary,
+                   _vector, atomic, cmult, concatenate, concatenate_cols, draw_key, input,
+                   kept_and_scaled, lookup, parameter, seed_and_node_bounds, training_draw, zeros)
 from .registry import CHEAP, HEAVY, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------
@@ -184,19 +183,22 @@ def sum_dim(x, d, b: bool = False):
     return _single(SUM_DIM, x, "s", (_dims("sum_dim", d),))
 
 
+def _over_columns(opname, reduce, x):
+    """``reduce`` over the columns of a matrix ``x``: a vector, one entry per row."""
+    if len(_shape(x)) != 2:
+        raise ShapeError(f"{opname}: expected a matrix, got shape {_shape(x)}")
+    return reduce(x, 1)
+
+
 def average_cols(x):
     """The mean of a matrix's columns, a vector of its rows' means (DyNet's
     ``average_cols``)."""
-    if len(_shape(x)) != 2:
-        raise ShapeError(f"average_cols: expected a matrix, got shape {_shape(x)}")
-    return mean_dim(x, 1)
+    return _over_columns("average_cols", mean_dim, x)
 
 
 def sum_cols(x):
     """The sum of a matrix's columns, a vector of its rows' sums (DyNet's ``sum_cols``)."""
-    if len(_shape(x)) != 2:
-        raise ShapeError(f"sum_cols: expected a matrix, got shape {_shape(x)}")
-    return sum_dim(x, 1)
+    return _over_columns("sum_cols", sum_dim, x)
 
 
 def mean_dim(x, d, b: bool = False, n: int = 0):
@@ -619,15 +621,11 @@ def sparsemax_loss(x, target_support):
     shape = _shape(x)
     if len(shape) != 1:
         raise ShapeError(f"sparsemax_loss: expected a vector, got shape {shape}")
-    if not isinstance(target_support, (list, tuple)) or not target_support or any(
-            isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in target_support):
-        raise InvalidArgumentError(f"sparsemax_loss: target_support must be a non-empty list "
-                                   f"of ints, got {target_support!r}")
-    bad = [i for i in target_support if not 0 <= i < shape[0]]
+    support = sorted(set(_int_list("sparsemax_loss", "target_support", target_support)))
+    bad = [i for i in support if not 0 <= i < shape[0]]
     if bad:
         raise IndexOutOfRangeError(f"sparsemax_loss: target index {bad[0]} out of range "
                                    f"[0, {shape[0]})")
-    support = sorted({int(i) for i in target_support})
     q = np.zeros(shape, np.float32)
     q[support] = 1.0 / len(support)
     return _tensor_node(SPARSEMAX_LOSS, (x, q), ())

@@ -366,6 +366,13 @@ def test_dynet_initializers():
     for p, s in ((glorot, np.sqrt(6 / 500)), (table, np.sqrt(3 / 50))):
         v = np.abs(p.npvalue())
         assert 0.98 * s < v.max() <= s, (p.name, v.max(), s)
+    # Glorot by rank, as DyNet 2.1's param-init.cc: sqrt(3 d / sum(dims)), and for a 4-d
+    # filter (rows, cols, in, out) fans times the receptive field; "glorot" is the same
+    for shape, s in (((20_000,), np.sqrt(3 / 20_000)), ((20, 30, 40), np.sqrt(9 / 90)),
+                     ((3, 3, 32, 64), np.sqrt(6 / (9 * 96)))):
+        for init in ("glorot", dx.GlorotInitializer()):
+            v = np.abs(pc.add_parameters(shape, init=init).npvalue())
+            assert 0.98 * s < v.max() <= s, (shape, init, v.max(), s)
     with pytest.raises(dx.InvalidArgumentError, match="IdentityInitializer: needs a square"):
         pc.add_parameters((2, 3), init=dx.IdentityInitializer())
     with pytest.raises(dx.InvalidArgumentError,

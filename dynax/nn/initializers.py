@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..ops.core import _real
+from .parameters import glorot_scale
 
 
 class ConstInitializer:
@@ -45,17 +46,16 @@ class UniformInitializer:
 
 
 class GlorotInitializer:
-    """Uniform in ``[-s, s]``, ``s = gain * sqrt(3 * d / sum(dims))`` over the ``d``
-    dimensions (``sqrt(6 / (fan_in + fan_out))`` for a matrix), as DyNet's; with
-    ``is_lookup`` a table's rows count alone (``dims`` without the vocabulary)."""
+    """Uniform in ``[-s, s]``, ``s = gain * glorot_scale(shape, is_lookup)``, as DyNet's:
+    ``sqrt(6 / (fan_in + fan_out))`` for a matrix, receptive-field fans for a 4-d filter
+    (``parameters.glorot_scale``); with ``is_lookup`` a table's rows count alone."""
 
     def __init__(self, is_lookup: bool = False, gain: float = 1.0):
         self.is_lookup = bool(is_lookup)
         self.gain = _real("GlorotInitializer", "gain", gain)
 
     def __call__(self, key, shape):
-        dims = tuple(shape[1:]) if self.is_lookup and len(shape) > 1 else tuple(shape)
-        s = self.gain * float(np.sqrt(3.0 * len(dims) / sum(dims)))
+        s = self.gain * glorot_scale(shape, self.is_lookup)
         return jax.random.uniform(key, shape, jnp.float32, -s, s)
 
 

@@ -41,6 +41,18 @@ def _real_number(what: str, x) -> float:
     return float(x)
 
 
+def glorot_scale(shape, is_lookup: bool = False) -> float:
+    """Half-width of DyNet's (2.1) Glorot uniform init: ``sqrt(6 / (fan_in + fan_out))``
+    for a matrix, ``sqrt(3 * d / sum(dims))`` for the ``d`` dimensions of a vector or a
+    3-d tensor, and for a 4-d convolution filter ``(rows, cols, in, out)`` the fans times
+    its receptive field, ``sqrt(6 / (rows * cols * (in + out)))``. With ``is_lookup`` a
+    table's rows count alone (``dims`` without the vocabulary)."""
+    dims = tuple(shape[1:]) if is_lookup and len(shape) > 1 else tuple(shape)
+    if len(dims) == 4:
+        return float(np.sqrt(6.0 / (dims[0] * dims[1] * (dims[2] + dims[3]))))
+    return float(np.sqrt(3.0 * len(dims) / sum(dims)))
+
+
 def _init_array(init, key, shape, dtype):
     if callable(init) and not isinstance(init, (np.ndarray, jax.Array)):
         arr = _real_array(init(key, shape), "add_parameters: init callable's result")
@@ -57,9 +69,7 @@ def _init_array(init, key, shape, dtype):
                                        f"expected {tuple(shape)}")
         return jnp.asarray(arr)
     if init == "glorot":
-        fan_out = shape[0]
-        fan_in = shape[1] if len(shape) > 1 else shape[0]
-        scale = float(np.sqrt(6.0 / (fan_in + fan_out)))
+        scale = glorot_scale(shape)
         return jax.random.uniform(key, shape, dtype, -scale, scale)
     if init == "normal":
         return jax.random.normal(key, shape, dtype)
@@ -307,7 +317,10 @@ class ParameterCollection:
         return p
 
     def add_parameters(self, shape, init="glorot", name: str | None = None) -> Parameter:
-        """A new parameter of ``shape`` initialised by ``init`` (see module doc)."""
+        """A new parameter of ``shape`` initialised by ``init``: ``"glorot"`` (DyNet's
+        uniform Glorot, ``glorot_scale``), ``"normal"`` (standard normal), ``"uniform"``
+        (U[-0.1, 0.1]), ``"zeros"``, ``"ones"``, a number (every entry), an array of the
+        shape, or a callable ``(key, shape) -> array`` (``dx.GlorotInitializer()``, ...)."""
         return self._add(Parameter, shape, init, name, "param")
 
     def add_lookup_parameters(self, shape, init="normal", name: str | None = None

@@ -14,9 +14,10 @@ from .nn import (AdadeltaTrainer, AdagradTrainer, AdamTrainer, AmsgradTrainer,
                  CyclicalSGDTrainer, EGTrainer, LookupParameter, MomentumSGDTrainer, Parameter,
                  ParameterCollection, RMSPropTrainer, SimpleSGDTrainer, Trainer, load, save)
 # DyNet spells builders and initializers at the top level (dy.LSTMBuilder); they live in dx.nn
-from .nn import (BiRNNBuilder, ClassFactoredSoftmaxBuilder, ConstInitializer, GlorotInitializer,
-                 GRUBuilder, IdentityInitializer, LSTMBuilder, NormalInitializer,
-                 NumpyInitializer, SimpleRNNBuilder, StandardSoftmaxBuilder, UniformInitializer,
+from .nn import (BiRNNBuilder, ClassFactoredSoftmaxBuilder, CompactVanillaLSTMBuilder,
+                 ConstInitializer, CoupledLSTMBuilder, GlorotInitializer, GRUBuilder,
+                 IdentityInitializer, LSTMBuilder, NormalInitializer, NumpyInitializer,
+                 SimpleRNNBuilder, StandardSoftmaxBuilder, UniformInitializer,
                  VanillaLSTMBuilder)
 from .ops.core import (abs, add, affine_transform, average, binary_log_loss, cdiv, cmult,
                        concatenate, concatenate_cols, div, dot_product, dropout, emax, esum, exp,

@@ -88,18 +88,34 @@ def ref_gru(x, state, Wx, Wh, b):
     return ((1 - z) * n + z * h,)
 
 
-REFS = {dx.nn.SimpleRNNBuilder: ref_rnn, dx.nn.LSTMBuilder: ref_lstm, dx.nn.GRUBuilder: ref_gru}
-N_STATES = {dx.nn.SimpleRNNBuilder: 1, dx.nn.LSTMBuilder: 2, dx.nn.GRUBuilder: 1}
+def ref_coupled_step(x, c, hr, Wx, Wh, b, Wic, Woc):
+    """DyNet's CoupledLSTMBuilder equations (lstm.h); ``hr`` is the h its products read."""
+    gi, go, gg = jnp.split(Wx @ x + Wh @ hr + b, 3)
+    i = sig(gi + Wic @ c)
+    c2 = c * (1 - i) + tanh(gg) * i
+    return c2, sig(go + Woc @ c2) * tanh(c2)
+
+
+def ref_coupled(x, state, *params):
+    return ref_coupled_step(x, state[0], state[1], *params)
+
+
+REFS = {dx.nn.SimpleRNNBuilder: ref_rnn, dx.nn.LSTMBuilder: ref_lstm, dx.nn.GRUBuilder: ref_gru,
+        dx.CoupledLSTMBuilder: ref_coupled}
+N_STATES = {dx.nn.SimpleRNNBuilder: 1, dx.nn.LSTMBuilder: 2, dx.nn.GRUBuilder: 1,
+            dx.CoupledLSTMBuilder: 2}
 
 
 def ref_transduce(cell, vals, layers, xs, init_states):
-    """Top-layer outputs over ``xs``; ``vals`` = flat [Wx0, Wh0, b0, Wx1, ...]."""
+    """Top-layer outputs over ``xs``; ``vals`` = flat [Wx0, Wh0, b0, Wx1, ...] (a coupled
+    LSTM's layers have five)."""
     states = list(init_states)
     outs = []
+    k = len(vals) // layers
     for x in xs:
         inp = x
         for layer in range(layers):
-            states[layer] = cell(inp, states[layer], *vals[3 * layer:3 * layer + 3])
+            states[layer] = cell(inp, states[layer], *vals[k * layer:k * layer + k])
             inp = states[layer][-1]
         outs.append(inp)
     return outs
@@ -107,7 +123,8 @@ def ref_transduce(cell, vals, layers, xs, init_states):
 
 # Two layers for the LSTM, one for the others: the layer stacking is shared code, and every
 # extra layer is another signature to compile kernels for.
-LAYERS = {dx.nn.SimpleRNNBuilder: 1, dx.nn.LSTMBuilder: 2, dx.nn.GRUBuilder: 1}
+LAYERS = {dx.nn.SimpleRNNBuilder: 1, dx.nn.LSTMBuilder: 2, dx.nn.GRUBuilder: 1,
+          dx.CoupledLSTMBuilder: 1}
 BUILDERS = {cls: cls(LAYERS[cls], IN, HID, PC) for cls in REFS}
 SEQ_LENGTHS = (3, 5, 4, 4)  # batches of 4 (and 1): few kernel sizes to compile
 
@@ -203,6 +220,84 @@ def test_parameters_layout():
     assert pc.parameter_count() == sum(int(np.prod(p.shape)) for p in pc.parameters())
 
 
+def test_dynet_builder_accessors():
+    """DyNet's get_parameters / get_parameter_expressions (per layer), set_dropout(d, d_h)
+    (CompactVanillaLSTMBuilder's), and the builder names DyNet has."""
+    pc = dx.ParameterCollection(seed=2)
+    lstm, coupled = dx.VanillaLSTMBuilder(2, IN, HID, pc), dx.CoupledLSTMBuilder(1, IN, HID, pc)
+    assert lstm.get_parameters() == [list(layer) for layer in lstm.params]
+    assert [p.name for p in coupled.get_parameters()[0]] == [
+        "coupled_lstm/" + n for n in ("Wx0", "Wh0", "b0", "Wic0", "Woc0")]
+    assert [p.shape for p in coupled.get_parameters()[0]] == [
+        (3 * HID, IN), (3 * HID, HID), (3 * HID,), (HID, HID), (HID, HID)]
+    dx.renew_cg()
+    exprs = lstm.get_parameter_expressions()
+    assert [len(layer) for layer in exprs] == [3, 3]
+    for e, p in zip(_flat(exprs), _flat(lstm.get_parameters())):
+        np.testing.assert_array_equal(e.npvalue(), p.as_array())
+    lstm.set_dropout(0.2, 0.1)
+    assert (lstm.dropout_rate, lstm.dropout_rate_h) == (0.2, 0.1)
+    lstm.set_dropout(0.3)
+    assert (lstm.dropout_rate, lstm.dropout_rate_h) == (0.3, 0.3)
+    assert dx.CompactVanillaLSTMBuilder is dx.LSTMBuilder is dx.VanillaLSTMBuilder
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_initial_state_without_update(strategy):
+    """DyNet's ``initial_state(update=False)``: the same values, no gradient into the
+    builder's weights, while what feeds the sequence (a learned start vector) still gets
+    its gradient; the weights' copies are made once per graph, so the steps of all
+    sequences batch as with ``update=True``."""
+    pc = dx.ParameterCollection(seed=3)
+    lstm = dx.LSTMBuilder(2, IN, HID, pc)
+    start = pc.add_parameters((IN,), name="start")
+    rng = np.random.default_rng(8)
+    seqs = [[rng.standard_normal(IN, np.float32) for _ in range(n)] for n in SEQ_LENGTHS]
+    weights = [rng.standard_normal(HID, np.float32) for _ in range(sum(SEQ_LENGTHS) + 4)]
+    cg = dx.renew_cg(autobatch=strategy)
+    outs = _flat(lstm.initial_state(update=False).transduce([start] + [dx.input(x) for x in xs])
+                 for xs in seqs)
+    loss = _dot_loss(outs, weights)
+    loss.backward()
+    assert [sg.op.name for sg in cg.node_sig].count("nobackprop") == 6  # 3 weights x 2 layers
+    vals = [p.value for p in lstm.pc.parameters()]
+    zero = (jnp.zeros(HID),) * 2
+
+    def ref_outs(x0):
+        return [o for xs in seqs for o in ref_transduce(ref_lstm, vals, 2, [x0] + xs, [zero] * 2)]
+
+    def ref_loss(x0):
+        return sum(jnp.dot(o, w) for o, w in zip(ref_outs(x0), weights))
+
+    for o, r in zip(outs, ref_outs(start.value), strict=True):
+        np.testing.assert_allclose(o.npvalue(), np.asarray(r), **TOL)
+    np.testing.assert_allclose(start.grad, jax.grad(ref_loss)(start.value), **TOL)
+    assert not any(np.any(np.asarray(p.grad)) for p in lstm.pc.parameters())
+    _check_batches(cg, strategy, 3)
+    with pytest.raises(dx.ArgumentTypeError, match="update must be True or False"):
+        lstm.initial_state(update=None)
+
+
+def test_weights_copies_removed_by_a_failed_construction_are_made_again():
+    """A failed all-or-nothing construction removes the copies it made; the next sequence
+    of the graph makes them again instead of reading value ids that now hold other nodes."""
+    lstm = BUILDERS[dx.nn.LSTMBuilder]
+
+    @dx.ops.core.atomic
+    def fails():
+        lstm.initial_state(update=False).add_input(xs[0])
+        raise RuntimeError("fails after the copies were made")
+
+    dx.renew_cg()
+    xs = [dx.input(_rand(IN)) for _ in range(3)]
+    with pytest.raises(RuntimeError):
+        fails()
+    frozen = lstm.initial_state(update=False).transduce(xs)
+    plain = lstm.initial_state().transduce(xs)
+    for f, p in zip(frozen, plain):
+        np.testing.assert_allclose(f.npvalue(), p.npvalue(), **TOL)
+
+
 def test_dropout():
     lstm = BUILDERS[dx.nn.LSTMBuilder]
     xs = [_rand(IN) for _ in range(3)]
@@ -235,11 +330,14 @@ def test_dropout():
     np.testing.assert_allclose(run(), plain, **TOL)
 
 
-def ref_dropout_cell(cls, x, state, Wx, Wh, b, mx, mh):
+def ref_dropout_cell(cls, x, state, params, mx, mh):
     """One step of ``cls`` with variational dropout: x is masked, and so is the h that the
-    recurrent products read (a GRU's carried h is not)."""
+    recurrent products read (a GRU's carried h is not, nor the cell a peephole reads)."""
     x, h = x * mx, state[-1]
     hr = h * mh
+    if cls is dx.CoupledLSTMBuilder:
+        return ref_coupled_step(x, state[0], hr, *params)
+    Wx, Wh, b = params
     if cls is dx.nn.SimpleRNNBuilder:
         return (tanh(Wx @ x + Wh @ hr + b),)
     if cls is dx.nn.LSTMBuilder:
@@ -305,9 +403,9 @@ def test_variational_dropout_values_and_grads(cls, strategy, recorded_masks):
             seq_masks = masks[k:k + 2 * layers]
             k += 2 * layers
 
-            def cell(x, state, Wx, Wh, b):  # which layer: by the weights' input size
-                layer = 0 if Wx.shape[1] == IN else 1
-                return ref_dropout_cell(cls, x, state, Wx, Wh, b, *seq_masks[2 * layer:][:2])
+            def cell(x, state, *params):  # which layer: by the weights' input size
+                layer = 0 if params[0].shape[1] == IN else 1
+                return ref_dropout_cell(cls, x, state, params, *seq_masks[2 * layer:][:2])
             zero = (jnp.zeros(HID),) * N_STATES[cls]
             outs += ref_transduce(cell, vals, layers, xs, [zero] * layers)
         return outs
@@ -463,8 +561,8 @@ def test_birnn_two_layers_with_dropout_set(strategy, recorded_masks):
                 zero = (jnp.zeros(HID),) * 2
 
                 def cell(direction):
-                    return lambda x, st, Wx, Wh, b: ref_dropout_cell(
-                        dx.nn.LSTMBuilder, x, st, Wx, Wh, b, *m[2 * direction:][:2])
+                    return lambda x, st, *params: ref_dropout_cell(
+                        dx.nn.LSTMBuilder, x, st, params, *m[2 * direction:][:2])
                 f = ref_transduce(cell(0), v[:3], 1, xs, [zero])
                 b = ref_transduce(cell(1), v[3:], 1, xs[::-1], [zero])[::-1]
                 xs = [jnp.concatenate([fo, bo]) for fo, bo in zip(f, b)]
@@ -659,18 +757,27 @@ VOCAB = 9
 WORD_TO_CLASS = [0, 1, 0, 2, 1, 0, 3, 1, 0]  # class sizes 4, 3, 1, 1
 SOFT = dx.nn.StandardSoftmaxBuilder(HID, VOCAB, PC)
 CLASS_SOFT = dx.nn.ClassFactoredSoftmaxBuilder(HID, WORD_TO_CLASS, PC)
+SOFT_NO_BIAS = dx.nn.StandardSoftmaxBuilder(HID, VOCAB, PC, bias=False)
+CLASS_SOFT_NO_BIAS = dx.nn.ClassFactoredSoftmaxBuilder(HID, WORD_TO_CLASS, PC, False)
 
 
-def ref_standard(vals, h):
-    W, b = vals
+def _biased(vals, bias):
+    """(weights, biases) of a softmax builder's parameter list; zero biases without any."""
+    if bias:
+        return vals[::2], vals[1::2]
+    return vals, [0.0] * len(vals)
+
+
+def ref_standard(vals, h, bias=True):
+    (W,), (b,) = _biased(vals, bias)
     return jax.nn.log_softmax(W @ h + b)
 
 
-def ref_class_factored(vals, h):
-    Wc, bc, *Rb = vals
+def ref_class_factored(vals, h, bias=True):
+    (Wc, *Rs), (bc, *bs) = _biased(vals, bias)
     log_pc = jax.nn.log_softmax(Wc @ h + bc)
     word_logps = {}  # class -> log p(w | class, h) for the words of the class, in word order
-    for k, (R, b) in zip((0, 1), zip(Rb[::2], Rb[1::2])):  # classes 2 and 3 have one word
+    for k, R, b in zip((0, 1), Rs, bs):  # classes 2 and 3 have one word
         word_logps[k] = jax.nn.log_softmax(R @ h + b)
     out = []
     for w, k in enumerate(WORD_TO_CLASS):
@@ -679,9 +786,15 @@ def ref_class_factored(vals, h):
     return jnp.stack(out)
 
 
+def _no_bias(ref):
+    return lambda vals, h: ref(vals, h, bias=False)
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("builder,ref", [(SOFT, ref_standard), (CLASS_SOFT, ref_class_factored)],
-                         ids=["standard", "class_factored"])
+@pytest.mark.parametrize("builder,ref", [
+    (SOFT, ref_standard), (CLASS_SOFT, ref_class_factored),
+    (SOFT_NO_BIAS, _no_bias(ref_standard)), (CLASS_SOFT_NO_BIAS, _no_bias(ref_class_factored))],
+    ids=["standard", "class_factored", "standard_no_bias", "class_factored_no_bias"])
 def test_softmax(builder, ref, strategy):
     params = builder.pc.parameters()
     rng = np.random.default_rng(5)
@@ -704,7 +817,7 @@ def test_softmax(builder, ref, strategy):
     def ref_outs(vals):
         return [-ref(vals, h)[y] for h, y in zip(hs, labels)] + [ref(vals, h) for h in hs[:3]]
 
-    _check(ref, losses + dists, params, ref_outs, ref_loss)
+    _check(builder, losses + dists, params, ref_outs, ref_loss)
     for d in dists:
         np.testing.assert_allclose(np.exp(d.npvalue()).sum(), 1.0, rtol=1e-5)
     _check_batches(cg, strategy, 3)
@@ -718,6 +831,8 @@ def test_class_factored_layout_and_errors():
     assert CLASS_SOFT.class_sizes == [4, 3, 1, 1]
     assert [p.shape for p in CLASS_SOFT.pc.parameters()] == [
         (4, HID), (4,), (4, HID), (4,), (3, HID), (3,)]
+    assert [p.shape for p in CLASS_SOFT_NO_BIAS.pc.parameters()] == [(4, HID), (4, HID), (3, HID)]
+    assert [p.shape for p in SOFT_NO_BIAS.pc.parameters()] == [(VOCAB, HID)]
     with pytest.raises(ValueError, match="class 1 has no word"):
         dx.nn.ClassFactoredSoftmaxBuilder(HID, [0, 2, 2], PC)
     with pytest.raises(ValueError):
@@ -795,6 +910,92 @@ def test_a_builder_without_a_collection_is_a_clear_error():
                  lambda: dx.nn.StandardSoftmaxBuilder(HID, 3, None)):
         with pytest.raises(TypeError, match="ParameterCollection, got NoneType"):
             make()
+
+
+@pytest.mark.parametrize("strategy", ("none", "agenda"))
+@pytest.mark.parametrize("builder,ref", [(SOFT, ref_standard), (CLASS_SOFT, ref_class_factored),
+                                         (SOFT_NO_BIAS, _no_bias(ref_standard))],
+                         ids=["standard", "class_factored", "standard_no_bias"])
+def test_softmax_without_update(builder, ref, strategy):
+    """DyNet's ``update=False``: the same values, no gradient into the builder's weights,
+    the gradient of ``h`` (here a parameter) as ``jax.grad`` gives it with the weights held
+    constant; one no-gradient copy of each weight per graph."""
+    pc = dx.ParameterCollection(seed=4)
+    hs = [pc.add_parameters((HID,), init="normal") for _ in range(5)]
+    labels = [0, 4, 6, 8, 4]
+    _zero_grads()
+    cg = dx.renew_cg(autobatch=strategy)
+    losses = [builder.neg_log_softmax(h, y, update=False) for h, y in zip(hs, labels)]
+    dists = [builder.full_log_distribution(h, update=False) for h in hs[:2]]
+    loss = dx.esum(losses) - dx.esum([dx.pick(d, 3) for d in dists])
+    loss.backward()
+    n_weights = len(builder.pc.parameters())
+    assert [sg.op.name for sg in cg.node_sig].count("nobackprop") == n_weights
+    vals = [p.value for p in builder.pc.parameters()]
+
+    def ref_loss(hv):
+        return (sum(-ref(vals, h)[y] for h, y in zip(hv, labels))
+                - sum(ref(vals, h)[3] for h in hv[:2]))
+
+    hv = [h.value for h in hs]
+    assert loss.value() == pytest.approx(float(ref_loss(hv)), rel=1e-5)
+    for h, g in zip(hs, jax.grad(ref_loss)(hv)):
+        np.testing.assert_allclose(h.grad, g, **TOL)
+    assert not any(np.any(np.asarray(p.grad)) for p in builder.pc.parameters())
+    for method in (builder.neg_log_softmax, builder.full_log_distribution):
+        with pytest.raises(dx.ArgumentTypeError, match="update must be True or False"):
+            method(hs[0], *([0] if method == builder.neg_log_softmax else []), update=1)
+
+
+def test_class_factored_parts_and_logits():
+    """DyNet's class_logits, subclass_logits, subclass_log_distribution and full_logits,
+    against the reference's parts."""
+    rng = np.random.default_rng(9)
+    h = rng.standard_normal(HID, np.float32)
+    Wc, bc, R0, b0, R1, b1 = [p.value for p in CLASS_SOFT.pc.parameters()]
+    dx.renew_cg()
+    e = dx.input(h)
+    np.testing.assert_allclose(CLASS_SOFT.class_logits(e).npvalue(), Wc @ h + bc, **TOL)
+    np.testing.assert_allclose(CLASS_SOFT.subclass_logits(e, 1).npvalue(), R1 @ h + b1, **TOL)
+    np.testing.assert_allclose(CLASS_SOFT.subclass_log_distribution(e, 0).npvalue(),
+                               jax.nn.log_softmax(R0 @ h + b0), **TOL)
+    np.testing.assert_allclose(CLASS_SOFT.subclass_log_distribution(e, 3).npvalue(), [0.0])
+    np.testing.assert_allclose(CLASS_SOFT.full_logits(e).npvalue(),
+                               ref_class_factored([p.value for p in CLASS_SOFT.pc.parameters()],
+                                                  h), **TOL)
+    np.testing.assert_allclose(SOFT_NO_BIAS.full_logits(e).npvalue(),
+                               SOFT_NO_BIAS.W.value @ h, **TOL)
+    with pytest.raises(dx.IndexOutOfRangeError, match=r"class 4 out of range \[0, 4\)"):
+        CLASS_SOFT.subclass_logits(e, 4)
+    with pytest.raises(dx.ArgumentTypeError, match="class must be an integer"):
+        CLASS_SOFT.subclass_logits(e, 1.5)
+
+
+def test_class_factored_reads_a_dynet_cluster_file(tmp_path):
+    """DyNet's form, ``(rep_dim, cluster_file, word_dict, pc, bias)``: classes numbered in
+    order of first appearance, fields after the word ignored, words outside the dictionary
+    skipped; a word left without a class, a word in two classes or a short line is an
+    error naming it."""
+    path = tmp_path / "clusters.txt"
+    path.write_text("0110\tthe\t52\n0110 a\n\n10 dog\n10\tcat\t3\n10 zebra\n111 ran\n")
+    words = {"the": 0, "cat": 1, "ran": 2, "a": 3, "dog": 4}
+    pc = dx.ParameterCollection(seed=0)
+    cf = dx.ClassFactoredSoftmaxBuilder(HID, str(path), words, pc, False)
+    assert cf.word_to_class == [0, 1, 2, 0, 1] and cf.class_names == ["0110", "10", "111"]
+    assert cf.bc is None and cf.class_sizes == [2, 2, 1]
+    dx.renew_cg()
+    d = cf.full_log_distribution(dx.input(np.ones(HID)))
+    np.testing.assert_allclose(np.exp(d.npvalue()).sum(), 1.0, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"1 word\(s\) of word_dict have no class .*'owl'"):
+        dx.ClassFactoredSoftmaxBuilder(HID, path, {**words, "owl": 5}, pc)
+    path.write_text("1 the\n2 the\n")
+    with pytest.raises(ValueError, match="line 2: word 'the' is already in a class"):
+        dx.ClassFactoredSoftmaxBuilder(HID, path, {"the": 0}, pc)
+    path.write_text("1 the\nlonely\n")
+    with pytest.raises(ValueError, match="line 2: expected 'class word', got 'lonely'"):
+        dx.ClassFactoredSoftmaxBuilder(HID, path, {"the": 0}, pc)
+    with pytest.raises(TypeError, match=r"\(input_dim, cluster_file, word_dict, pc\[, bias\]\)"):
+        dx.ClassFactoredSoftmaxBuilder(HID, path, pc)
 
 
 def test_class_factored_takes_a_mapping_and_labels_as_other_ops_do():

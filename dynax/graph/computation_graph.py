@@ -91,6 +91,7 @@ class ComputationGraph:
         self.full_backward = False  # whether that pass kept every value's gradient
         self.zero_consts: dict = {}  # akey -> value id of a zero constant (list padding)
         self.scalar_consts: dict = {}  # number -> value id of its 0-d constant (operands)
+        self.frozen_params: dict = {}  # id(parameter) -> value id of its no-gradient copy
         # execution state
         self.rows: dict = {}  # akey -> arena rows handed out so far
         self.host_values: dict = {}  # value id -> host copy, fetched in batches (dx.forward)
@@ -217,6 +218,7 @@ class ComputationGraph:
         del self.pending_consts[c:]
         self.zero_consts = {a: z for a, z in self.zero_consts.items() if z < v}
         self.scalar_consts = {x: z for x, z in self.scalar_consts.items() if z < v}
+        self.frozen_params = {p: z for p, z in self.frozen_params.items() if z < v}
         for k in [k for k in self.node_site if k >= n]:
             del self.node_site[k]
 

@@ -4,8 +4,8 @@ from .flax_interop import FlaxBlock, from_flax  # after .parameters: that import
 from .initializers import (ConstInitializer, GlorotInitializer, IdentityInitializer,
                            NormalInitializer, NumpyInitializer, UniformInitializer)
 from .persistence import load, save
-from .rnn import (BiRNNBuilder, GRUBuilder, LSTMBuilder, RNNState, SimpleRNNBuilder,
-                  VanillaLSTMBuilder)
+from .rnn import (BiRNNBuilder, CompactVanillaLSTMBuilder, CoupledLSTMBuilder, GRUBuilder,
+                  LSTMBuilder, RNNState, SimpleRNNBuilder, VanillaLSTMBuilder)
 from .softmax import ClassFactoredSoftmaxBuilder, StandardSoftmaxBuilder
 from .trainers import (AdadeltaTrainer, AdagradTrainer, AdamTrainer, AmsgradTrainer,
                        CyclicalSGDTrainer, EGTrainer, MomentumSGDTrainer, RMSPropTrainer,
@@ -16,7 +16,7 @@ __all__ = ["LookupParameter", "Parameter", "ParameterCollection", "Trainer", "Si
            "AdagradTrainer", "MomentumSGDTrainer", "RMSPropTrainer", "AdadeltaTrainer",
            "AmsgradTrainer", "CyclicalSGDTrainer", "EGTrainer",
            "AdamTrainer", "SimpleRNNBuilder", "LSTMBuilder", "VanillaLSTMBuilder", "GRUBuilder",
-           "BiRNNBuilder",
+           "BiRNNBuilder", "CoupledLSTMBuilder", "CompactVanillaLSTMBuilder",
            "RNNState", "TreeLSTMBuilder", "ChildSumTreeLSTMBuilder", "StandardSoftmaxBuilder",
            "ClassFactoredSoftmaxBuilder", "FlaxBlock", "from_flax", "save", "load",
            "ConstInitializer", "GlorotInitializer", "IdentityInitializer", "NormalInitializer",

@@ -35,6 +35,7 @@ from ..graph.appenders import append_node
 from ..graph.computation_graph import current_graph
 from ..graph.expression import Expression
 from ..ops import core as ops
+from ..ops.extra import const_parameter
 from ..ops.function import function
 from .parameters import Parameter, ParameterCollection
 
@@ -51,6 +52,13 @@ def _lstm_step(x, c, h, hr, Wx, Wh, b):
     i, f, o, g = jnp.split(Wx @ x + Wh @ hr + b, 4)
     c2 = jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * c
     return c2, jax.nn.sigmoid(o) * jnp.tanh(c2)
+
+
+def _coupled_lstm_step(x, c, h, hr, Wx, Wh, b, Wic, Woc):
+    i, o, g = jnp.split(Wx @ x + Wh @ hr + b, 3)
+    i = jax.nn.sigmoid(i + Wic @ c)  # peephole on the old cell; the forget gate is 1 - i
+    c2 = c + (jnp.tanh(g) - c) * i
+    return c2, jax.nn.sigmoid(o + Woc @ c2) * jnp.tanh(c2)
 
 
 def _gru_step(x, h, hr, Wx, Wh, b):
@@ -83,6 +91,16 @@ def _lstm_cell_dropout(x, c, h, mx, mh, Wx, Wh, b):
 
 
 @function
+def _coupled_lstm_cell(x, c, h, Wx, Wh, b, Wic, Woc):
+    return _coupled_lstm_step(x, c, h, h, Wx, Wh, b, Wic, Woc)
+
+
+@function
+def _coupled_lstm_cell_dropout(x, c, h, mx, mh, Wx, Wh, b, Wic, Woc):
+    return _coupled_lstm_step(x * mx, c, h, h * mh, Wx, Wh, b, Wic, Woc)
+
+
+@function
 def _gru_cell(x, h, Wx, Wh, b):
     return _gru_step(x, h, h, Wx, Wh, b)
 
@@ -112,6 +130,27 @@ def _check_dims(who, **dims):
     for k, v in dims.items():
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise InvalidArgumentError(f"{who}: {k} must be a positive integer, got {v!r}")
+
+
+def _bool(who, what, v) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{who}: {what} must be True or False, got {v!r}")
+    return bool(v)
+
+
+def _frozen(params) -> tuple:
+    """No-gradient copies of ``params`` in the current graph (DyNet's ``update=False``),
+    made once per graph, as DyNet's builders make their parameter expressions: a batch of
+    steps then reads one shared copy of each weight (and a failed construction that removes
+    them removes them from the graph's record too: ``ComputationGraph.rollback``)."""
+    g = current_graph()
+    out = []
+    for p in params:
+        v = g.frozen_params.get(id(p))
+        if v is None:
+            v = g.frozen_params[id(p)] = const_parameter(p).v
+        out.append(Expression(g, v))
+    return tuple(out)
 
 
 def _as_expr(x):
@@ -157,13 +196,14 @@ class RNNState:
     one prefix can be built (beam search).
     """
 
-    __slots__ = ("builder", "layers", "masks", "_prev")
+    __slots__ = ("builder", "layers", "masks", "_prev", "params")
 
-    def __init__(self, builder, layers, prev=None, masks=None):
+    def __init__(self, builder, layers, prev=None, masks=None, params=None):
         self.builder = builder
         self.layers = layers  # tuple over layers of tuples of Expressions (h is the last)
         self.masks = masks  # per layer (x mask, h mask), drawn once per sequence; or None
         self._prev = prev
+        self.params = params  # per layer, the weights' no-gradient copies; None: the builder's
 
     def add_input(self, x) -> "RNNState":
         """The state after reading ``x`` (a vector of ``input_dim``)."""
@@ -182,11 +222,11 @@ class RNNState:
         x = _as_expr(x)
         _check_vector(who, "input", x, b.input_dim)
         new, inp, masks = [], x, self.masks
-        for layer, (params, state) in enumerate(zip(b.params, self.layers)):
+        for layer, (params, state) in enumerate(zip(self.params or b.params, self.layers)):
             out = b._step(params, inp, state, None if masks is None else masks[layer])
             new.append(out)
             inp = out[-1]
-        return RNNState(b, tuple(new), self, masks)
+        return RNNState(b, tuple(new), self, masks, self.params)
 
     @ops.atomic
     def add_inputs(self, xs) -> list["RNNState"]:
@@ -247,7 +287,7 @@ class RNNState:
         es = [_vector_arg(who, "each vector", e, b.hidden_dim) for e in es]
         layers = tuple(layer[:first] + tuple(es[(k - first) * L + i] for k in range(first, n))
                        for i, layer in enumerate(self.layers))
-        return RNNState(b, layers, self, self.masks)
+        return RNNState(b, layers, self, self.masks, self.params)
 
 
 # ---- builders -----------------------------------------------------------------------------------
@@ -303,10 +343,20 @@ class _RNNBuilder:
         """The subcollection holding this builder's parameters."""
         return self.pc
 
-    def set_dropout(self, p: float) -> None:
+    def get_parameters(self) -> list[list[Parameter]]:
+        """Per layer, its parameters (``[W_x, W_h, b]``, and a coupled LSTM's peepholes
+        ``W_ic, W_oc``), as DyNet's."""
+        return [list(layer) for layer in self.params]
+
+    def get_parameter_expressions(self) -> list[list[Expression]]:
+        """``get_parameters()`` as Expressions of the current graph."""
+        return [[ops.parameter(p) for p in layer] for layer in self.params]
+
+    def set_dropout(self, p: float, d_h: float | None = None) -> None:
         """Drop the input and the recurrent h of every layer with rate ``p`` (0 disables):
-        ``set_dropouts(p, p)``, as DyNet's ``set_dropout``."""
-        self.set_dropouts(p, p)
+        ``set_dropouts(p, p)``, as DyNet's ``set_dropout``; with ``d_h`` (DyNet's
+        ``CompactVanillaLSTMBuilder.set_dropout(d, d_r)``), ``set_dropouts(p, d_h)``."""
+        self.set_dropouts(p, p if d_h is None else d_h)
 
     def set_dropouts(self, d: float, d_h: float) -> None:
         """Variational dropout (Gal & Ghahramani 2016), as DyNet's LSTM builders: each
@@ -334,11 +384,13 @@ class _RNNBuilder:
                      for layer in range(self.layers))
 
     @ops.atomic
-    def initial_state(self, vecs=None) -> RNNState:
+    def initial_state(self, vecs=None, update: bool = True) -> RNNState:
         """The state before any input: zeros, or the vectors ``vecs`` in the order of ``s()``
         (LSTM: ``[c_1..c_L, h_1..h_L]``; others: ``[h_1..h_L]``). With dropout set, this
-        draws the sequence's masks."""
+        draws the sequence's masks. With ``update=False`` (DyNet's) the sequence's steps
+        read the weights as constants: no gradient flows back into them."""
         who = type(self).__name__ + ".initial_state"
+        update = _bool(who, "update", update)
         n, L = self._n_states, self.layers
         if vecs is None:
             z = ops.zeros((self.hidden_dim,))
@@ -352,7 +404,8 @@ class _RNNBuilder:
             for v in vecs:
                 _check_vector(who, "each initial vector", v, self.hidden_dim)
             layers = tuple(tuple(vecs[k * L + layer] for k in range(n)) for layer in range(L))
-        return RNNState(self, layers, None, self._sequence_masks())
+        params = None if update else tuple(_frozen(layer) for layer in self.params)
+        return RNNState(self, layers, None, self._sequence_masks(), params)
 
 
 class SimpleRNNBuilder(_RNNBuilder):
@@ -382,6 +435,33 @@ class LSTMBuilder(_RNNBuilder):
 
 
 VanillaLSTMBuilder = LSTMBuilder  # DyNet's name for the same cell (dy.LSTMBuilder is it too)
+# DyNet's fused implementation of the same equations (one node per step is dynax's anyway)
+CompactVanillaLSTMBuilder = LSTMBuilder
+
+
+class CoupledLSTMBuilder(_RNNBuilder):
+    """DyNet's ``CoupledLSTMBuilder``: an LSTM whose forget gate is ``1 - i``, with peephole
+    connections (gates ``i, o, g`` stacked in ``W_x, W_h, b``; full matrices ``W_ic, W_oc``)::
+
+        i = σ(W_ix x + W_ih h + W_ic c + b_i)
+        c' = c + (tanh(W_gx x + W_gh h + b_g) - c) ⊙ i
+        h' = σ(W_ox x + W_oh h + W_oc c' + b_o) ⊙ tanh(c')
+
+    State per layer is ``(c, h)``, as ``LSTMBuilder``'s. Dropout masks the input and the h
+    the products read, not the cell the peepholes read."""
+
+    _name = "coupled_lstm"
+    _n_states = 2
+    _gates = 3
+
+    def __init__(self, layers: int, input_dim: int, hidden_dim: int, pc):
+        super().__init__(layers, input_dim, hidden_dim, pc)
+        H = self.hidden_dim
+        self.params = [params + (self.pc.add_parameters((H, H), name=f"Wic{layer}"),
+                                 self.pc.add_parameters((H, H), name=f"Woc{layer}"))
+                       for layer, params in enumerate(self.params)]
+
+    _cell, _dropout_cell = _coupled_lstm_cell, _coupled_lstm_cell_dropout
 
 
 class GRUBuilder(_RNNBuilder):

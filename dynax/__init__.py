@@ -27,7 +27,8 @@ from .ops.core import (abs, add, affine_transform, average, binary_log_loss, cdi
                        reshape, scalarInput, softmax, sqrt, square, squared_distance, sub,
                        sum_elems, tanh, transpose, zeros)
 from .ops.extra import *  # noqa: F401,F403  (DyNet's further ops; see extra.__all__)
-from .ops.conv import conv2d, conv2d_bias, kmax_pooling, maxpooling2d
+from .ops.conv import (conv2d, conv2d_bias, filter1d_narrow, fold_rows, kmax_pooling, kmh_ngram,
+                       maxpooling2d)
 from .ops.function import Function, function
 
 Model = ParameterCollection  # DyNet's older name for it

@@ -64,6 +64,22 @@ def ref_kmax(x, k, d):
     return jnp.take_along_axis(x, keep, axis=d)
 
 
+def ref_filter1d(x, f):
+    """out[k, j] = sum over rows i and offsets a of x[i, j + a] f[i, a, k], column by column."""
+    f3 = f if f.ndim == 3 else f[:, :, None]
+    m = f.shape[1]
+    return jnp.stack([jnp.einsum("ia,iak->k", x[:, j:j + m], f3)
+                      for j in range(x.shape[1] - m + 1)], axis=1)
+
+
+def ref_fold_rows(x, n):
+    return jnp.stack([x[i * n:(i + 1) * n].sum(0) for i in range(x.shape[0] // n)])
+
+
+def ref_kmh_ngram(x, n):
+    return jnp.stack([x[:, j:j + n].sum(1) for j in range(x.shape[1] - n + 1)], axis=1)
+
+
 # ---- cases --------------------------------------------------------------------------------------
 # Shared shapes and parameters (a signature includes them): one image shape (5, 6, 2) with the
 # parameter "I" added (so the input's gradient is checked, as test_ops' ``ev``), one filter
@@ -129,6 +145,20 @@ case("kmax_pooling_default_d1", P_K, lambda r, k: {"X": normal(r, 3, 5)},
 case("kmax_pooling_vector", P_K, lambda r, k: {"X": normal(r, 3, 5)},
      lambda P, d: dx.kmax_pooling(dx.sum_dim(inp(d["X"]) + P["K"], 0), 3, d=0),
      lambda V, d: ref_kmax(jnp.sum(d["X"] + V["K"], 0), 3, 0))
+# DyNet's 1-d ops of a dynamic CNN over a sentence matrix (3, 5)
+P_G = {"G": ((3, 2), "glorot"), "H": ((3, 2, 4), "glorot"), "K4": ((4, 5), "glorot")}
+case("filter1d_narrow_one_filter", {**P_K, **P_G}, lambda r, k: {"X": normal(r, 3, 5)},
+     lambda P, d: dx.filter1d_narrow(inp(d["X"]) + P["K"], P["G"]),
+     lambda V, d: ref_filter1d(d["X"] + V["K"], V["G"]))
+case("filter1d_narrow_filter_bank", {**P_K, **P_G}, lambda r, k: {"X": normal(r, 3, 5)},
+     lambda P, d: dx.filter1d_narrow(inp(d["X"]) + P["K"], P["H"]),
+     lambda V, d: ref_filter1d(d["X"] + V["K"], V["H"]))
+case("fold_rows_2_then_kmh_ngram_3", {**P_G}, lambda r, k: {"X": normal(r, 4, 5)},
+     lambda P, d: dx.kmh_ngram(dx.fold_rows(inp(d["X"]) * P["K4"]), 3),
+     lambda V, d: ref_kmh_ngram(ref_fold_rows(d["X"] * V["K4"], 2), 3))
+case("fold_rows_4_kmh_ngram_whole_sentence", {**P_G}, lambda r, k: {"X": normal(r, 4, 5)},
+     lambda P, d: dx.kmh_ngram(dx.fold_rows(inp(d["X"]) * P["K4"], 4), 5),
+     lambda V, d: ref_kmh_ngram(ref_fold_rows(d["X"] * V["K4"], 4), 5))
 # sentences of different lengths as (1, T, emb) images: different signatures in one graph,
 # reduced over time to vectors of one shape, which batch again
 case("char_cnn_different_lengths", P_C,
@@ -196,6 +226,29 @@ def test_failed_call_removes_its_array_constant():
 
 def _ones(*shape):
     return np.ones(shape, np.float32)
+
+
+def test_1d_ops_refuse_bad_shapes_and_arguments():
+    """The DCNN ops name themselves and the shapes; nothing is left in the graph."""
+    cg = dx.renew_cg()
+    x, v = dx.input(_ones(3, 5)), dx.input(_ones(5))
+    n = cg.stats()["values"]
+    for call, match in [
+            (lambda: dx.filter1d_narrow(x, _ones(2, 2)),
+             r"filter1d_narrow: .*\(3, 5\) and \(2, 2\)"),
+            (lambda: dx.filter1d_narrow(x, _ones(3, 6)), r"with m <= T, got shapes \(3, 5\)"),
+            (lambda: dx.filter1d_narrow(v, _ones(5, 1)), "filter1d_narrow"),
+            (lambda: dx.fold_rows(x, 2),
+             r"fold_rows: .*rows divide by nrows=2, got shape \(3, 5\)"),
+            (lambda: dx.fold_rows(x, 0), "nrows=0"),
+            (lambda: dx.kmh_ngram(x, 6), r"kmh_ngram: .*at least n=6 columns .*\(3, 5\)"),
+            (lambda: dx.kmh_ngram(x, 0), "n=0"),
+            (lambda: dx.kmh_ngram(v, 2), r"got shape \(5,\)")]:
+        with pytest.raises(dx.ShapeError, match=match):
+            call()
+    with pytest.raises(ValueError, match="kmh_ngram"):
+        dx.kmh_ngram(x, 2.5)
+    assert cg.stats()["values"] == n  # the array filters' constants were removed again
 
 
 ERRORS = [

@@ -1,5 +1,7 @@
 """DyNet's convolution and pooling operations: ``conv2d`` (with or without a bias),
-``maxpooling2d`` and ``kmax_pooling``.
+``maxpooling2d`` and ``kmax_pooling``; and the 1-d family of Kalchbrenner et al. (2014)'s
+dynamic CNN over a sentence matrix ``(d, T)`` (rows the embedding, columns the words):
+``filter1d_narrow``, ``fold_rows`` and ``kmh_ngram``.
 
 dynax has no batch dimension: each call is one instance, one image ``(H, W, C)`` (DyNet's
 "rows x cols x channels"), and the autobatcher stacks the instances of one signature. The
@@ -195,4 +197,73 @@ def kmax_pooling(x, k: int, d: int = 1):
                                              _int("kmax_pooling", "d", d)))
 
 
-__all__ = ["conv2d", "conv2d_bias", "kmax_pooling", "maxpooling2d"]
+# ---- DyNet's 1-d ops over a sentence matrix (d, T) -------------------------------------------
+
+def _filter1d_fn(x, f):
+    m = f.shape[1]
+    fs = f.reshape(f.shape[0], m, -1)  # (d, m, filters)
+    cols = x.shape[1] - m + 1
+    windows = jnp.stack([x[:, k:k + cols] for k in range(m)], axis=1)  # (d, m, cols)
+    return jnp.einsum("dkt,dkf->ft", windows, fs)
+
+
+def _check_filter1d(avals, statics):
+    x, f = _shape(avals[0]), _shape(avals[1])
+    if len(x) != 2 or len(f) not in (2, 3) or f[0] != x[0] or f[1] > x[1]:
+        raise ShapeError(f"filter1d_narrow: expected x (d, T) and a filter (d, m) or (d, m, "
+                         f"filters) with m <= T, got shapes {x} and {f}")
+
+
+FILTER1D_NARROW = OpDef("filter1d_narrow", _filter1d_fn, HEAVY, check=_check_filter1d)
+
+
+def filter1d_narrow(x, f):
+    """DyNet's narrow 1-d convolution of a sentence matrix ``x`` (d, T) with a filter ``f``
+    (d, m), or a bank of them (d, m, filters): ``out[k, j] = sum_{i, a} x[i, j + a] f[i, a,
+    k]`` (no flip, as DyNet's), shape (filters, T - m + 1), filters 1 for a (d, m) filter."""
+    return _tensor_node(FILTER1D_NARROW, (x, f), ())
+
+
+def _fold_rows_fn(x, nrows):
+    return x.reshape(x.shape[0] // nrows, nrows, x.shape[1]).sum(axis=1)
+
+
+def _check_fold_rows(avals, statics):
+    x, (nrows,) = _shape(avals[0]), statics
+    if len(x) != 2 or nrows < 1 or x[0] % nrows:
+        raise ShapeError(f"fold_rows: expected a matrix whose rows divide by nrows={nrows}, "
+                         f"got shape {x}")
+
+
+FOLD_ROWS = OpDef("fold_rows", _fold_rows_fn, CHEAP, check=_check_fold_rows)
+
+
+def fold_rows(x, nrows: int = 2):
+    """Sums of each ``nrows`` consecutive rows of a matrix (DyNet's ``fold_rows``, the
+    folding of a dynamic CNN): (d, T) -> (d / nrows, T)."""
+    return _tensor_node(FOLD_ROWS, (x,), (_int("fold_rows", "nrows", nrows),))
+
+
+def _kmh_ngram_fn(x, n):
+    cols = x.shape[1] - n + 1
+    return sum(x[:, k:k + cols] for k in range(n))
+
+
+def _check_kmh_ngram(avals, statics):
+    x, (n,) = _shape(avals[0]), statics
+    if len(x) != 2 or not 1 <= n <= x[1]:
+        raise ShapeError(f"kmh_ngram: expected a matrix with at least n={n} columns (n >= 1), "
+                         f"got shape {x}")
+
+
+KMH_NGRAM = OpDef("kmh_ngram", _kmh_ngram_fn, CHEAP, check=_check_kmh_ngram)
+
+
+def kmh_ngram(x, n: int):
+    """Sums of each ``n`` consecutive columns of a matrix (DyNet's ``kmh_ngram``: n-gram
+    features of a sentence matrix): (d, T) -> (d, T - n + 1)."""
+    return _tensor_node(KMH_NGRAM, (x,), (_int("kmh_ngram", "n", n),))
+
+
+__all__ = ["conv2d", "conv2d_bias", "filter1d_narrow", "fold_rows", "kmax_pooling", "kmh_ngram",
+           "maxpooling2d"]

@@ -474,10 +474,11 @@ BI = dx.nn.BiRNNBuilder(2, IN, 2 * HID, PC, dx.nn.SimpleRNNBuilder)  # HID units
 
 def ref_birnn(cell, n_states, layers, vals, xs):
     zero = (jnp.zeros(HID),) * n_states
-    for layer in range(layers):  # per layer: fwd Wx, Wh, b then bwd Wx, Wh, b
-        v = vals[6 * layer:6 * layer + 6]
-        f = ref_transduce(cell, v[:3], 1, xs, [zero])
-        b = ref_transduce(cell, v[3:], 1, xs[::-1], [zero])[::-1]
+    k = len(vals) // (2 * layers)  # weights per direction and layer
+    for layer in range(layers):  # per layer: fwd Wx, Wh, b (...) then bwd Wx, Wh, b (...)
+        v = vals[2 * k * layer:2 * k * (layer + 1)]
+        f = ref_transduce(cell, v[:k], 1, xs, [zero])
+        b = ref_transduce(cell, v[k:], 1, xs[::-1], [zero])[::-1]
         xs = [jnp.concatenate([fo, bo]) for fo, bo in zip(f, b)]
     return xs
 
@@ -609,6 +610,30 @@ def test_birnn_with_a_custom_step(strategy):
     outs = bi.transduce([dx.input(x) for x in xs])
     want = ref_birnn(ref_rnn, 1, 1, [p.value for p in pc.parameters()], [0.5 * x for x in xs])
     np.testing.assert_allclose(np.stack([o.npvalue() for o in outs]), np.stack(want), **TOL)
+
+
+@pytest.mark.parametrize("strategy", ("none", "agenda"))
+def test_birnn_of_coupled_lstms(strategy):
+    """Two layers of CoupledLSTMBuilder (five weights a direction) in the one-node-per-
+    position path: values and gradients against the reference."""
+    pc = dx.ParameterCollection(seed=5)
+    bi = dx.BiRNNBuilder(2, IN, 2 * HID, pc, dx.CoupledLSTMBuilder)
+    rng = np.random.default_rng(12)  # the same data under every strategy
+    xs = [rng.standard_normal(IN, np.float32) for _ in range(4)]
+    ws = [rng.standard_normal(2 * HID, np.float32) for _ in range(4)]
+    cg = dx.renew_cg(autobatch=strategy)
+    outs = bi.transduce([dx.input(x) for x in xs])
+    _dot_loss(outs, ws).backward()
+    assert cg.stats()["nodes"] - 3 * len(xs) <= 2 * len(xs) + 2  # a node per position and layer
+    params = pc.parameters()
+
+    def ref_outs(vals):
+        return ref_birnn(ref_coupled, 2, 2, vals, xs)
+
+    def ref_loss(vals):
+        return sum(jnp.dot(o, w) for o, w in zip(ref_outs(vals), ws))
+
+    _check("birnn-coupled", outs, params, ref_outs, ref_loss)
 
 
 # ---- tree-LSTMs ----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..batcher.plans import PlanCache
+from ..batcher.strategies import schedule
 from ..device import get_device, zeros
 from ..errors import StaleExpressionError
 from ..ops.registry import AKEY_AVAL, CHEAP
@@ -36,6 +37,7 @@ UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any
 FUSE_RUNS = True  # consecutive batches of one kernel run as one lax.scan (see _launch)
 FUSE_MIN_RUN = 2  # batches in a run, at the least, to fuse it
 FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
+REPLAN_MAX_LANES = 4  # forward batches this narrow on average: backward may plan again
 
 
 def _pow2(n: int) -> int:
@@ -92,6 +94,7 @@ class Batch(NamedTuple):
     forward: object  # the residual-saving forward Kernel, or None
     saved: tuple  # its residuals
     param_values: tuple  # the parameters' arrays it ran with (a later change is refused)
+    gathered_outs: bool = False  # a backward plan's batch: the packet lists output rows
 
 
 def _grad_flags(g, sig, nodes):
@@ -236,6 +239,7 @@ class Engine:
             self._launch_checked(g, run)
         g.computed = hi
         g.n_batches += len(plan)
+        g.forward_passes += 1
         if g.check_validity:
             check_forward(self, g, plan)
         g.seconds["schedule"] += scheduling
@@ -376,18 +380,7 @@ class Engine:
             packet.append(start)
             for i, nd in enumerate(nodes):
                 val_row[outs[nd] + j] = start + i
-        for m, rows in zip(modes, all_rows):
-            if m == GATHER:
-                packet += rows
-                packet += [rows[0]] * (B - n)
-            else:
-                packet.append(rows[0])
-        if sig.n_ints:
-            node_ints = g.node_ints
-            for k in range(sig.n_ints):
-                xs = [node_ints[nd][k] for nd in nodes]
-                packet += xs
-                packet += [xs[0]] * (B - n)
+        _add_arguments(packet, g, sig, modes, all_rows, B, nodes)
         return sig, modes, B, gflags, packet, nodes
 
     def _launch(self, g, run):
@@ -472,7 +465,8 @@ class Engine:
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
         if not g.check_validity:
             try:
-                return self._backward_batches(g, grads, loss_node, live, full)
+                return self._backward_batches(g, grads, loss_node, live, full,
+                                              self._backward_plan(g))
             except Exception as e:  # restoring needs a copy of every gradient: validity mode
                 e.add_note("dynax: the backward pass stopped part-way, so the parameters' "
                            "gradients are partly accumulated; zero them (p.zero_grad()) "
@@ -481,18 +475,55 @@ class Engine:
                 raise
         snapshot = _gradient_snapshot(g.batches)
         try:
-            self._backward_batches(g, grads, loss_node, live, full)
+            self._backward_batches(g, grads, loss_node, live, full, g.batches)
         except BaseException:  # a check failed part-way: no parameter keeps a partial gradient
             _restore_gradients(snapshot)
             raise
 
-    def _backward_batches(self, g, grads, loss_node, live, full):
-        """Run the backward kernels of the batches the loss depends on (``live``: see
-        ``_loss_ancestors``), last first."""
-        once = _params_of_one_batch(g.batches)
-        for batch in reversed(g.batches):
+    def _backward_plan(self, g) -> list:
+        """The batches backward runs, in forward order: the forward passes' own, or a plan
+        of the whole graph where incremental forward passes ran it in many narrow batches.
+
+        A value read after every step of a decoder or parser (DyNet's ``.value()`` idiom)
+        makes each forward pass compute a step or two: 16 sentences read word by word ran
+        2,885 batches of one or two nodes, where a plan of the finished graph has 38. The
+        new plan's batches recompute their vjp from the value arenas (their forward saved
+        none) and read their output cotangents by row; they are used only if they are at
+        most half as many, and looked for only after several passes of narrow batches."""
+        batches = g.batches
+        n_computed = g.computed
+        if (g.autobatch == "none" or g.forward_passes < 2 or not g.n_batches
+                or n_computed > REPLAN_MAX_LANES * g.n_batches):
+            return batches
+        plan = schedule(g.autobatch, g, 0, n_computed)
+        if 2 * len(plan) > g.n_batches:
+            return batches
+        new, outs, val_row = [], g.node_out, g.val_row
+        for nodes in plan:
+            sig = g.node_sig[nodes[0]]
+            B = _lanes(len(nodes))
+            modes, all_rows = self._modes(g, sig, nodes)
+            packet = [len(nodes)]
+            for j in range(len(sig.out_akeys)):
+                rows = [val_row[outs[nd] + j] for nd in nodes]
+                packet += rows
+                packet += [rows[0]] * (B - len(nodes))
+            _add_arguments(packet, g, sig, modes, all_rows, B, nodes)
+            gflags = (_grad_flags(g, sig, nodes)
+                      if g.train and not sig.op.row_gather and not sig.values_only else None)
+            new.append(Batch(sig, modes, B, np.asarray(packet, np.int32), nodes, gflags, None,
+                             (), tuple(p._value for p in sig.params), True))
+        return new
+
+    def _backward_batches(self, g, grads, loss_node, live, full, batches):
+        """Run the backward kernels of the batches (``_backward_plan``'s) the loss depends
+        on (``live``: see ``_loss_ancestors``), last first."""
+        once = _params_of_one_batch(batches)
+        g.n_backward_batches += sum(b.packet.shape[0] if b.packet.ndim == 2 else 1
+                                    for b in batches)  # a fused run's steps count each
+        for batch in reversed(batches):
             try:
-                self._backward_batch(g, grads, loss_node, live, once, full, *batch[:8])
+                self._backward_batch(g, grads, loss_node, live, once, full, *batch)
             except Exception as e:  # e.g. a dx.function JAX cannot differentiate
                 sig, nodes = batch[0], batch[4]
                 e.add_note(f"dynax: while running the backward pass of a batch of {len(nodes)} "
@@ -507,7 +538,7 @@ class Engine:
         self.last_grads = (g, grads)
 
     def _backward_batch(self, g, grads, loss_node, live, once, full, sig, modes, B, packet,
-                        nodes, gflags, fwd, saved):
+                        nodes, gflags, fwd, saved, param_values, gathered=False):
         """One batch's (or fused run's) share of ``_backward_batches``."""
         if min(nodes) > loss_node:
             return
@@ -529,7 +560,7 @@ class Engine:
             if not all(lanes):
                 if any(lanes):
                     self._backward_some_lanes(g, grads, sig, modes, B, packet, nodes,
-                                              gflags, lanes)
+                                              gflags, lanes, gathered)
                 return
         params = sig.params
         if packet.ndim == 1:
@@ -539,7 +570,7 @@ class Engine:
             # batch size
             fresh = (bool(params) and not sig.op.row_gather
                      and all(p._grad is None and p in once for p in params))
-            kern = backward_kernel(sig, modes, gflags, B, fwd, fresh)
+            kern = backward_kernel(sig, modes, gflags, B, fwd, fresh, gathered_outs=gathered)
         else:  # a fused run (see _launch)
             fresh = False
             kern = backward_run_kernel(sig, modes, gflags, B, fwd, packet.shape[0])
@@ -554,14 +585,16 @@ class Engine:
         if g.check_validity:
             check_param_grads(g, sig, nodes)
 
-    def _backward_some_lanes(self, g, grads, sig, modes, B, packet, nodes, gflags, lanes):
+    def _backward_some_lanes(self, g, grads, sig, modes, B, packet, nodes, gflags, lanes,
+                             gathered=False):
         """The backward of a batch (or run) only some of whose nodes the loss depends on
         (``lanes``), step by step. The other lanes are pointed at the inputs of one that
         counts, and the vjp is recomputed from them: their cotangents are zero (only nodes
         that do not count read them), and zero times a finite derivative adds nothing (see
         ``_loss_ancestors`` for why their own inputs must not be used)."""
-        kern = backward_kernel(sig, modes, gflags, B)  # no saved residuals: recomputed
-        _, val_off, int_off = packet_offsets(sig, modes, B)
+        # no saved residuals: recomputed
+        kern = backward_kernel(sig, modes, gflags, B, gathered_outs=gathered)
+        _, val_off, int_off = packet_offsets(sig, modes, B, gathered)
         per_lane = [o for o, m in zip(val_off, modes) if m == GATHER] + int_off
         steps = packet if packet.ndim == 2 else packet[None]
         starts = np.cumsum([0] + [int(p[0]) for p in steps])
@@ -615,6 +648,24 @@ class Engine:
         arena = self.last_grads[1][g.val_akey[v]]  # every arena of g's values has one
         # the caller's own copy, writable, as npvalue()
         return np.array(_gather_rows(arena, np.array([g.val_row[v]], np.int32))[0])
+
+
+def _add_arguments(packet: list, g, sig, modes, all_rows, B: int, nodes) -> None:
+    """Append a batch's value-argument rows (B per gathered argument, padded with the first
+    lane's; one if uniform) and its int arguments (B each) to its packet."""
+    n = len(nodes)
+    for m, rows in zip(modes, all_rows):
+        if m == GATHER:
+            packet += rows
+            packet += [rows[0]] * (B - n)
+        else:
+            packet.append(rows[0])
+    if sig.n_ints:
+        node_ints = g.node_ints
+        for k in range(sig.n_ints):
+            xs = [node_ints[nd][k] for nd in nodes]
+            packet += xs
+            packet += [xs[0]] * (B - n)
 
 
 def _undo_launch(g, sig, n_kernels: int, n_batches: int, n_launches: int) -> None:

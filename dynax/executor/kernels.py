@@ -8,6 +8,10 @@ offsets or row lists, integer data such as labels — travels in ONE int32 *pack
 
     [n, out_start_0, ..., (per value arg: B rows | 1 row), (per int arg: B ints)]
 
+(A backward pass that plans the graph again, ``Engine._backward_plan``, reads output
+cotangents of nodes computed in different forward batches: its packets have B rows per
+output instead of a start, ``gathered_outs``.)
+
 Batches are padded to a size B from a short ladder (``buckets.py``), so the kernel cache key is (modes, B) per
 signature and compilations stay bounded however the data varies. Padded lanes compute a
 copy of lane 0 (finite, real data); their outputs land in rows not yet allocated, and in the
@@ -50,11 +54,13 @@ def _unique(xs):
     return tuple(out)
 
 
-def packet_offsets(sig, modes, B):
-    """Packet offsets of each output start, value argument and int argument."""
+def packet_offsets(sig, modes, B, gathered_outs: bool = False):
+    """Packet offsets of each output start (or, ``gathered_outs``, its B rows), value
+    argument and int argument."""
+    per_out = B if gathered_outs else 1
     off = 1
-    out_off = list(range(off, off + len(sig.out_akeys)))
-    off += len(sig.out_akeys)
+    out_off = list(range(off, off + per_out * len(sig.out_akeys), per_out))
+    off += per_out * len(sig.out_akeys)
     val_off = []
     for m in modes:
         val_off.append(off)
@@ -85,12 +91,15 @@ def _lane_mask(packet, B, ndim):
     return mask.reshape((B,) + (1,) * (ndim - 1))
 
 
-def _read_cotangents(arenas_of, sig, out_off, packet, B):
-    """The output cotangents of one batch (its block of B rows per output), padded lanes
-    masked to zero."""
+def _read_cotangents(arenas_of, sig, out_off, packet, B, gathered: bool = False):
+    """The output cotangents of one batch (its block of B rows per output, or ``gathered``
+    its B rows), padded lanes masked to zero."""
     cts = []
     for j, a in enumerate(sig.out_akeys):
-        ct = lax.dynamic_slice_in_dim(arenas_of(a), packet[out_off[j]], B, 0)
+        if gathered:
+            ct = arenas_of(a)[packet[out_off[j]:out_off[j] + B]]
+        else:
+            ct = lax.dynamic_slice_in_dim(arenas_of(a), packet[out_off[j]], B, 0)
         if B > 1:
             ct = jnp.where(_lane_mask(packet, B, ct.ndim), ct, 0)
         cts.append(ct)
@@ -233,7 +242,7 @@ def _unpack(buffers, items):
 
 def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
                     forward: Kernel | None = None, fresh: bool = False,
-                    param_grads: bool = True) -> Kernel:
+                    param_grads: bool = True, gathered_outs: bool = False) -> Kernel:
     """The cached backward kernel
     ``(grad_arenas, param_grads, value_arenas, params, residuals, packet)
     -> (grad_arenas, param_grads)``.
@@ -249,13 +258,14 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     On CPU, weight gradients get the matmul layout of ``dots.py`` (tagger: -7% per update).
     Without ``param_grads`` it computes input cotangents only (``param_grads`` is ``()`` and
     returned as is): the step of a run whose weight gradients come after it
-    (``backward_run_kernel``).
+    (``backward_run_kernel``). With ``gathered_outs`` the packet lists each output's rows
+    (a batch of a backward plan, whose nodes' outputs are not one block).
     """
-    key = ("bwd", modes, gflags, B, forward is not None, fresh, param_grads)
+    key = ("bwd", modes, gflags, B, forward is not None, fresh, param_grads, gathered_outs)
     k = sig.kernels.get(key)
     if k is not None:
         return k
-    out_off, val_off, int_off = packet_offsets(sig, modes, B)
+    out_off, val_off, int_off = packet_offsets(sig, modes, B, gathered_outs)
     diff = [i for i, f in enumerate(gflags) if f]
     g_akeys = _unique(list(sig.out_akeys) + [sig.in_akeys[i] for i in diff])
     v_akeys = _unique(sig.in_akeys) if forward is None else ()
@@ -264,7 +274,8 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     def kernel(garenas, pgrads, varenas, params, saved, packet):
         ints = tuple(packet[o:o + B] for o in int_off)
         garenas = list(garenas)
-        cts = _read_cotangents(lambda a: garenas[g_akeys.index(a)], sig, out_off, packet, B)
+        cts = _read_cotangents(lambda a: garenas[g_akeys.index(a)], sig, out_off, packet, B,
+                               gathered_outs)
         cts = lax.optimization_barrier(cts)  # read before the in-place updates (see forward)
 
         if sig.op.row_gather:  # table[i]: scatter-add row cotangents into the table gradient
@@ -303,7 +314,8 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
             return tuple(garenas), tuple(dps)
         return tuple(garenas), tuple(g + d for g, d in zip(pgrads, dps))
 
-    k = Kernel(_jit(kernel, f"{sig.op.name}_bwd_B{B}", (0, 1)), g_akeys, v_akeys, {})
+    name = f"{sig.op.name}_bwd_B{B}{'_gathered' if gathered_outs else ''}"
+    k = Kernel(_jit(kernel, name, (0, 1)), g_akeys, v_akeys, {})
     sig.kernels[key] = k
     return k
 

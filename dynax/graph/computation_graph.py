@@ -99,6 +99,8 @@ class ComputationGraph:
         self.computed = 0  # nodes [0, computed) have values
         self.batches: list = []  # executed batch records, forward order (for backward)
         self.n_batches = 0
+        self.forward_passes = 0  # forward passes that computed nodes
+        self.n_backward_batches = 0  # batches the backward passes ran (see Engine._backward_plan)
         self.n_launches = 0  # forward kernel launches (a fused run of batches is one)
         self.n_plans_reused = 0  # forwards whose plan came from the executor's plan cache
         self.executables = 0  # backend compilations this graph's work caused, loads included
@@ -339,12 +341,15 @@ class ComputationGraph:
         compiles (new XLA compilations caused by this graph: its forward and backward passes
         and reads, and the trainer updates made while it is the thread's current graph; not
         the user's own ``jax.jit`` calls, nor other threads' work), cache_loads (compiled
-        kernels loaded from ``dx.set_compilation_cache``'s directory instead), plans reused
-        and seconds per phase."""
+        kernels loaded from ``dx.set_compilation_cache``'s directory instead), plans reused,
+        backward_batches (the batches of its backward passes: the forward's, or fewer where
+        the forward ran in many narrow passes, ``Engine._backward_plan``) and seconds per
+        phase."""
         return {"nodes": len(self.node_sig), "values": len(self.val_node),
                 "batches": self.n_batches, "compiles": self.executables - self.cache_loads,
                 "cache_loads": self.cache_loads,
                 "launches": self.n_launches, "plans_reused": self.n_plans_reused,
+                "backward_batches": self.n_backward_batches,
                 "seconds": dict(self.seconds)}
 
 

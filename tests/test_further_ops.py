@@ -200,6 +200,8 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
     (lambda x: dx.pick(x, 0, 1.0), dx.InvalidArgumentError, r"pick: dim must be an int"),
     (lambda x: dx.log_softmax(x, [0]), dx.ShapeError,
      r"log_softmax: restrict needs a vector, got shape \(2, 3\)"),
+    (lambda x: dx.log_softmax(np.ones((6, 1), np.float32), [0]), dx.ShapeError,  # a column
+     r"restrict needs a vector, got shape \(6, 1\); DyNet treats a \(6, 1\) column as"),
     (lambda x: dx.log_softmax(np.ones(3, np.float32), [1, 3]), dx.IndexOutOfRangeError,
      r"log_softmax: restrict index 3 out of range \[0, 3\)"),
     (lambda x: dx.log_softmax(np.ones(3, np.float32), []), dx.InvalidArgumentError,

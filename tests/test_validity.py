@@ -31,3 +31,26 @@ def test_finite_graph_passes_in_validity_mode():
     dx.renew_cg(check_validity=True)
     x = dx.input(np.array([1.0, 2.0], np.float32))
     assert dx.sum_elems(dx.tanh(x)).value() == pytest.approx(float(np.tanh([1, 2]).sum()))
+
+
+@pytest.mark.parametrize("strategy", ["none", "agenda"])
+def test_restricted_log_softmax_passes_validity_mode_and_nan_still_stops(strategy):
+    """A transition parser's ``log_softmax(x, valid_actions)``: its masked entries are -inf
+    by design, so validity mode lets them pass (it refused every such graph); a loss that
+    picks a masked entry is +inf and still stops, as does a NaN input."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 2))
+    x = np.array([0.5, -1.0], np.float32)
+    dx.renew_cg(autobatch=strategy, check_validity=True)
+    scores = [dx.log_softmax(W @ dx.input(x), [0, 2]) for _ in range(3)]
+    loss = -dx.esum([dx.pick(s, a) for s, a in zip(scores, (0, 2, 0))])
+    assert np.isfinite(loss.value())
+    assert scores[0].npvalue()[1] == -np.inf
+    loss.backward()
+    assert np.isfinite(np.asarray(W.grad)).all() and np.abs(np.asarray(W.grad)).sum() > 0
+    dx.renew_cg(autobatch=strategy, check_validity=True)
+    with pytest.raises(NonFiniteValueError, match="pick"):
+        (-dx.pick(dx.log_softmax(W @ dx.input(x), [0, 2]), 1)).value()  # the masked one
+    dx.renew_cg(autobatch=strategy, check_validity=True)
+    with pytest.raises(NonFiniteValueError, match="log_softmax"):
+        dx.log_softmax(dx.input(np.array([np.nan, 1.0, 0.0], np.float32)), [0, 1]).value()

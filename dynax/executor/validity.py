@@ -11,8 +11,9 @@ import numpy as np
 from ..errors import NonFiniteValueError
 
 
-def _first_bad(block: np.ndarray, n: int):
-    bad = ~np.isfinite(block[:n].reshape(n, -1)).all(axis=1)
+def _first_bad(block: np.ndarray, n: int, neg_inf_ok: bool = False):
+    rows = block[:n].reshape(n, -1)
+    bad = (np.isnan(rows) | (rows == np.inf) if neg_inf_ok else ~np.isfinite(rows)).any(axis=1)
     return int(np.argmax(bad)) if bad.any() else None
 
 
@@ -24,7 +25,7 @@ def _raise(g, sig, node, what):
 def check_block(g, arena, start: int, nodes, sig, what: str):
     """Raise if any of the ``len(nodes)`` rows from ``start`` of ``arena`` is non-finite."""
     n = len(nodes)
-    i = _first_bad(np.asarray(arena[start:start + n]), n)
+    i = _first_bad(np.asarray(arena[start:start + n]), n, what == "value" and sig.op.neg_inf_ok)
     if i is not None:
         _raise(g, sig, nodes[i], what)
 

@@ -1066,7 +1066,8 @@ def _restricted_log_softmax(x, restrict):
 def _check_restrict(avals, statics):
     shape, restrict = _shape(avals[0]), statics[0]
     if len(shape) != 1:
-        raise ShapeError(f"log_softmax: restrict needs a vector, got shape {shape}")
+        raise ShapeError(f"log_softmax: restrict needs a vector, got shape {shape}"
+                         f"{dynet_dims_hint([shape])}")
     bad = [i for i in restrict if not 0 <= i < shape[0]]
     if bad:
         raise IndexOutOfRangeError(f"log_softmax: restrict index {bad[0]} out of range "
@@ -1074,7 +1075,7 @@ def _check_restrict(avals, statics):
 
 
 RESTRICTED_LOG_SOFTMAX = OpDef("log_softmax", _restricted_log_softmax, CHEAP,
-                               check=_check_restrict)
+                               check=_check_restrict, neg_inf_ok=True)  # the masked entries
 
 
 def log_softmax(x, restrict=None):

@@ -42,6 +42,9 @@ class OpDef(NamedTuple):
     # into the table's gradient in place instead of materialising a dense table cotangent
     # (measured: 20000x300 embedding, ~2 dense passes per lookup batch otherwise).
     row_gather: bool = False
+    # -inf is a legitimate value of this op (a masked log-probability): the validity mode
+    # (``renew_cg(check_validity=True)``) lets it pass, and still stops at NaN and +inf
+    neg_inf_ok: bool = False
 
     # Identity semantics: each operation has one OpDef, and a node's signature key is hashed
     # on every node built; hashing the fields (a jnp ufunc hashes slowly) cost up to 1 us.

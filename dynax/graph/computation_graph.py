@@ -91,7 +91,7 @@ class ComputationGraph:
         self.full_backward = False  # whether that pass kept every value's gradient
         self.zero_consts: dict = {}  # akey -> value id of a zero constant (list padding)
         self.scalar_consts: dict = {}  # number -> value id of its 0-d constant (operands)
-        self.frozen_params: dict = {}  # id(parameter) -> value id of its no-gradient copy
+        self.frozen_params: dict = {}  # parameter -> value id of its no-gradient copy
         # execution state
         self.rows: dict = {}  # akey -> arena rows handed out so far
         self.host_values: dict = {}  # value id -> host copy, fetched in batches (dx.forward)

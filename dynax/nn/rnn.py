@@ -142,13 +142,17 @@ def _frozen(params) -> tuple:
     """No-gradient copies of ``params`` in the current graph (DyNet's ``update=False``),
     made once per graph, as DyNet's builders make their parameter expressions: a batch of
     steps then reads one shared copy of each weight (and a failed construction that removes
-    them removes them from the graph's record too: ``ComputationGraph.rollback``)."""
+    them removes them from the graph's record too: ``ComputationGraph.rollback``). None (a
+    bias not built) stays None."""
     g = current_graph()
     out = []
     for p in params:
-        v = g.frozen_params.get(id(p))
+        if p is None:
+            out.append(None)
+            continue
+        v = g.frozen_params.get(p)
         if v is None:
-            v = g.frozen_params[id(p)] = const_parameter(p).v
+            v = g.frozen_params[p] = const_parameter(p).v
         out.append(Expression(g, v))
     return tuple(out)
 

@@ -30,10 +30,8 @@ from .rnn import (_as_expr, _bool, _check_dims, _check_vector, _fresh_subcollect
 
 def _weights(who, update, params) -> tuple:
     """``params`` for a node: themselves, or with ``update=False`` their no-gradient copies
-    in the current graph (None, a bias not built, stays None)."""
-    if _bool(who, "update", update):
-        return tuple(params)
-    return tuple(None if p is None else _frozen((p,))[0] for p in params)
+    in the current graph (``_frozen``)."""
+    return tuple(params) if _bool(who, "update", update) else _frozen(params)
 
 
 def _affine(b, W, h) -> Expression:

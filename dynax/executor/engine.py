@@ -488,8 +488,9 @@ class Engine:
         makes each forward pass compute a step or two: 16 sentences read word by word ran
         2,885 batches of one or two nodes, where a plan of the finished graph has 38. The
         new plan's batches recompute their vjp from the value arenas (their forward saved
-        none) and read their output cotangents by row; they are used only if they are at
-        most half as many, and looked for only after several passes of narrow batches."""
+        none) and read their output cotangents by row. They are looked for only where two
+        or more forward passes ran batches of fewer than ``REPLAN_MAX_LANES`` nodes on
+        average, and used only if they are at most half as many."""
         batches = g.batches
         n_computed = g.computed
         if (g.autobatch == "none" or g.forward_passes < 2 or not g.n_batches

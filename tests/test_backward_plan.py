@@ -116,6 +116,18 @@ def test_the_unbatched_reference_replays_its_batches():
         np.testing.assert_allclose(got, ref, **TOL)
 
 
+def test_backward_batches_count_only_what_ran():
+    """Batches no loss depends on (a beam's pruned hypotheses) are skipped, and not counted."""
+    cg = dx.renew_cg(autobatch="none")
+    x = dx.input(np.ones(H, np.float32))
+    for _ in range(5):
+        dx.tanh(MODEL.W @ x)  # built, computed, never part of the loss
+    loss = dx.sum_elems(MODEL.U @ x)
+    loss.value()
+    loss.backward()
+    assert cg.stats()["batches"] == 12 and cg.stats()["backward_batches"] == 2
+
+
 def test_one_forward_pass_keeps_the_forward_batches():
     """Without reads the forward's batches (and their saved residuals) serve backward."""
     _, _, _, stats = _run("agenda", read=False)

@@ -100,7 +100,7 @@ class ComputationGraph:
         self.batches: list = []  # executed batch records, forward order (for backward)
         self.n_batches = 0
         self.forward_passes = 0  # forward passes that computed nodes
-        self.n_backward_batches = 0  # batches the backward passes ran (see Engine._backward_plan)
+        self.n_backward_batches = 0  # batches whose backward kernel ran (Engine._backward_plan)
         self.n_launches = 0  # forward kernel launches (a fused run of batches is one)
         self.n_plans_reused = 0  # forwards whose plan came from the executor's plan cache
         self.executables = 0  # backend compilations this graph's work caused, loads included
@@ -342,9 +342,9 @@ class ComputationGraph:
         and reads, and the trainer updates made while it is the thread's current graph; not
         the user's own ``jax.jit`` calls, nor other threads' work), cache_loads (compiled
         kernels loaded from ``dx.set_compilation_cache``'s directory instead), plans reused,
-        backward_batches (the batches of its backward passes: the forward's, or fewer where
-        the forward ran in many narrow passes, ``Engine._backward_plan``) and seconds per
-        phase."""
+        backward_batches (the batches whose backward kernel ran: of the forward's, or of a
+        new plan where the forward ran in many narrow passes, ``Engine._backward_plan``;
+        batches no loss depends on are skipped) and seconds per phase."""
         return {"nodes": len(self.node_sig), "values": len(self.val_node),
                 "batches": self.n_batches, "compiles": self.executables - self.cache_loads,
                 "cache_loads": self.cache_loads,

@@ -188,13 +188,10 @@ class Parameter(Operators):
     def expr(self, update: bool = True):
         """The parameter as an Expression of the current graph; with ``update=False``
         (DyNet's), one no gradient flows back from (``dx.const_parameter``)."""
-        if update is True:
+        if _ops._flag_arg(f"expr of {self.name}", "update", update):
             return _ops.parameter(self)
-        if update is False:
-            from ..ops.extra import const_parameter
-            return const_parameter(self)
-        raise ArgumentTypeError(f"expr of {self.name}: update must be True or False, got "
-                                f"{update!r}")
+        from ..ops.extra import const_parameter
+        return const_parameter(self)
 
     __array_priority__ = 1000
 

@@ -132,12 +132,6 @@ def _check_dims(who, **dims):
             raise InvalidArgumentError(f"{who}: {k} must be a positive integer, got {v!r}")
 
 
-def _bool(who, what, v) -> bool:
-    if not isinstance(v, (bool, np.bool_)):
-        raise ArgumentTypeError(f"{who}: {what} must be True or False, got {v!r}")
-    return bool(v)
-
-
 def _frozen(params) -> tuple:
     """No-gradient copies of ``params`` in the current graph (DyNet's ``update=False``),
     made once per graph, as DyNet's builders make their parameter expressions: a batch of
@@ -394,7 +388,7 @@ class _RNNBuilder:
         draws the sequence's masks. With ``update=False`` (DyNet's) the sequence's steps
         read the weights as constants: no gradient flows back into them."""
         who = type(self).__name__ + ".initial_state"
-        update = _bool(who, "update", update)
+        update = ops._flag_arg(who, "update", update)
         n, L = self._n_states, self.layers
         if vecs is None:
             z = ops.zeros((self.hidden_dim,))

@@ -24,14 +24,13 @@ from ..ops import core as ops
 from ..ops.function import function
 from ..ops.registry import HEAVY, OpDef
 from .parameters import Parameter
-from .rnn import (_as_expr, _bool, _check_dims, _check_vector, _fresh_subcollection, _frozen,
-                  _vector_arg)
+from .rnn import _as_expr, _check_dims, _check_vector, _fresh_subcollection, _frozen, _vector_arg
 
 
 def _weights(who, update, params) -> tuple:
     """``params`` for a node: themselves, or with ``update=False`` their no-gradient copies
     in the current graph (``_frozen``)."""
-    return tuple(params) if _bool(who, "update", update) else _frozen(params)
+    return tuple(params) if ops._flag_arg(who, "update", update) else _frozen(params)
 
 
 def _affine(b, W, h) -> Expression:
@@ -50,7 +49,7 @@ class StandardSoftmaxBuilder:
     def __init__(self, input_dim: int, vocab_size: int, pc, bias: bool = True):
         who = "StandardSoftmaxBuilder"
         _check_dims(who, input_dim=input_dim, vocab_size=vocab_size)
-        bias = _bool(who, "bias", bias)
+        bias = ops._flag_arg(who, "bias", bias)
         self.input_dim, self.vocab_size = int(input_dim), int(vocab_size)
         self.pc = _fresh_subcollection(pc, "softmax")
         self.W = self.pc.add_parameters((self.vocab_size, self.input_dim), name="W")
@@ -152,7 +151,7 @@ class ClassFactoredSoftmaxBuilder:
                                         f"pc[, bias]); got {2 + len(args)}")
             pc, *rest = args
             w2c = _class_list(who, word_to_class)
-        bias = _bool(who, "bias", rest[0] if rest else bias)
+        bias = ops._flag_arg(who, "bias", rest[0] if rest else bias)
         n_classes = max(w2c) + 1
         self.input_dim, self.vocab_size, self.n_classes = int(input_dim), len(w2c), n_classes
         self.word_to_class = w2c

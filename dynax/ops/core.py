@@ -536,6 +536,14 @@ def _random(op, shape, a, b):
     return _node(op, "iisss", [g.seed, len(g.node_sig), dims, a, b])
 
 
+def _flag_arg(who, what, v) -> bool:
+    """A True/False argument (DyNet's ``update``, ``bias``); anything else, a NumPy bool
+    included, is an ``ArgumentTypeError``."""
+    if not isinstance(v, bool):
+        raise ArgumentTypeError(f"{who}: {what} must be True or False, got {v!r}")
+    return v
+
+
 def _int_list(opname, what, xs) -> tuple:
     """``xs`` as a tuple of ints, checked to be a non-empty list or tuple of them."""
     if not isinstance(xs, (list, tuple)) or not xs or any(
@@ -1157,8 +1165,7 @@ def lookup(E, i, update: bool = True):
         raise ArgumentTypeError(f"lookup: the table must be a LookupParameter (or a "
                                 f"Parameter), got {type(E).__name__}")
     if update is not True:
-        if update is not False:
-            raise ArgumentTypeError(f"lookup: update must be True or False, got {update!r}")
+        _flag_arg("lookup", "update", update)
         from .extra import const_lookup
         return const_lookup(E, i)
     return _node(LOOKUP, "pi", (E, i))

@@ -114,6 +114,36 @@ def test_parameters_of_equal_shape_share_kernels():
     assert v2 == pytest.approx(float(np.sum(np.tanh(np.asarray(W2.value) @ x))), rel=1e-5)
 
 
+@pytest.mark.parametrize("strategy", ["agenda", "depth"])
+def test_restricted_log_softmax_sets_are_data(strategy):
+    """A parser's valid actions differ at every step: log_softmax(x, restrict) over
+    different index sets runs as one batch, and new sets compile nothing (the set was part
+    of the signature: a kernel per set, and a batch per set)."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((6, 4))
+    x = np.linspace(-1, 1, 4).astype(np.float32)
+    sets = [[0, 1, 2], [3, 5], [1, 2, 3, 4], [0], [2, 4, 5], [0, 1, 2, 3, 4, 5]]
+
+    def step(shift):
+        cg = dx.renew_cg(autobatch=strategy)
+        h = W @ dx.input(x)
+        chosen = [(shift + k) % len(sets) for k in range(4)]
+        loss = -dx.esum([dx.pick(dx.log_softmax(h, sets[c]), sets[c][0]) for c in chosen])
+        value = loss.value()
+        loss.backward()
+        W.zero_grad()  # as an update would: the next step's kernels write a fresh gradient
+        return cg.stats(), value, chosen
+
+    step(0)
+    before = _compile_count()
+    st, value, chosen = step(2)  # sets the first graph never used
+    assert _compile_count() == before
+    assert st["batches"] == 5, st  # matmul, the 4 log-softmaxes, their picks, sum, negate
+    z = np.asarray(W.value) @ x
+    want = -sum(z[sets[c][0]] - np.log(np.exp(z[sets[c]]).sum()) for c in chosen)
+    assert value == pytest.approx(float(want), rel=1e-5)
+
+
 def test_compile_log_names_the_op_pass_and_lanes(caplog):
     """JAX's compile log (``jax.log_compiles``) names each batch kernel after its op, its
     pass and its lane count, so a user can tell what a slow first update compiles."""

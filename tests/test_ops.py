@@ -554,6 +554,10 @@ case("log_softmax_restricted", A3, vec_data(),  # the others are -inf: pick rest
      + dx.pick(dx.log_softmax(ev(P, d["x"]), [0, 2]), 2),
      lambda V, d: jax.nn.log_softmax((d["x"] + V["A"])[jnp.array([0, 2])])[:1]
      + jax.nn.log_softmax((d["x"] + V["A"])[jnp.array([0, 2])])[1])
+_KEEP = ([0, 2], [1], [0, 1, 2])  # instance k's restrict set: the sets batch as data
+case("log_softmax_restricted_per_instance", A3, lambda r, k: {"x": normal(r, 3), "i": k},
+     lambda P, d: dx.pick(dx.log_softmax(ev(P, d["x"]), _KEEP[d["i"]]), _KEEP[d["i"]][-1]),
+     lambda V, d: jax.nn.log_softmax((d["x"] + V["A"])[jnp.array(_KEEP[d["i"]])])[-1])
 case("slice_getitem", A3, vec_data(),
      lambda P, d: (ev(P, d["x"])[1:], ev(P, d["x"])[-3:-1], ev(P, d["x"])[:]),
      lambda V, d: ((d["x"] + V["A"])[1:], (d["x"] + V["A"])[-3:-1], d["x"] + V["A"]))

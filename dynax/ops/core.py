@@ -1065,14 +1065,28 @@ def softmax(x, d: int = 0):
     return _single(SOFTMAX_ROWS, x, "s", (_int("softmax", "d", d),))
 
 
-def _restricted_log_softmax(x, restrict):
-    keep = jnp.zeros(x.shape, bool).at[jnp.asarray(restrict)].set(True)
+def _restricted_log_softmax(x, keep):
+    keep = keep > 0
     z = jax.nn.logsumexp(jnp.where(keep, x, -jnp.inf))
     return jnp.where(keep, x - z, -jnp.inf)
 
 
-def _check_restrict(avals, statics):
-    shape, restrict = _shape(avals[0]), statics[0]
+# the kept entries travel as a per-instance 0/1 vector, not as part of the signature: a
+# parser's or decoder's valid sets differ at every step, and as static data each new set
+# compiled a kernel of its own (~60-90 ms) and kept the steps of different sets apart
+RESTRICTED_LOG_SOFTMAX = OpDef("log_softmax", _restricted_log_softmax, CHEAP,
+                               check=_all_same("log_softmax"),
+                               neg_inf_ok=True)  # the masked entries
+
+
+def log_softmax(x, restrict=None):
+    """Log-softmax of a vector, or of each column of a matrix. With ``restrict`` (DyNet's:
+    a list of indices of a vector), normalised over those entries only; the others are
+    -inf. Restricted log-softmaxes of one size batch together whatever their index sets."""
+    if restrict is None:
+        return _apply(LOG_SOFTMAX, x)
+    restrict = sorted(set(_int_list("log_softmax", "restrict", restrict)))
+    shape = _shape(x)
     if len(shape) != 1:
         raise ShapeError(f"log_softmax: restrict needs a vector, got shape {shape}"
                          f"{dynet_dims_hint([shape])}")
@@ -1080,20 +1094,9 @@ def _check_restrict(avals, statics):
     if bad:
         raise IndexOutOfRangeError(f"log_softmax: restrict index {bad[0]} out of range "
                                    f"[0, {shape[0]})")
-
-
-RESTRICTED_LOG_SOFTMAX = OpDef("log_softmax", _restricted_log_softmax, CHEAP,
-                               check=_check_restrict, neg_inf_ok=True)  # the masked entries
-
-
-def log_softmax(x, restrict=None):
-    """Log-softmax of a vector, or of each column of a matrix. With ``restrict`` (DyNet's:
-    a list of indices of a vector), normalised over those entries only; the others are
-    -inf."""
-    if restrict is None:
-        return _apply(LOG_SOFTMAX, x)
-    restrict = tuple(sorted(set(_int_list("log_softmax", "restrict", restrict))))
-    return _single(RESTRICTED_LOG_SOFTMAX, x, "s", (restrict,))
+    keep = np.zeros(shape, np.float32)
+    keep[restrict] = 1.0
+    return _tensor_node(RESTRICTED_LOG_SOFTMAX, (x, keep), ())
 
 
 PNLS = OpDef("pickneglogsoftmax", lambda x, i: -jax.nn.log_softmax(x)[i], CHEAP,

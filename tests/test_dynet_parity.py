@@ -4,6 +4,8 @@ the same masks applied in NumPy, for every strategy), the parameters' array acce
 in-place edits, and the older names ``Model`` and ``pickrange``. The ops' values and
 gradients under every strategy are ``tests/test_ops.py`` cases; their argument errors are
 in ``tests/test_further_ops.py``."""
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -116,6 +118,66 @@ def test_parameter_arrays_and_in_place_edits():
     np.testing.assert_array_equal(E.row_grad_as_array(1), [1.0, 2.0, 3.0])
     np.testing.assert_array_equal(E.row_grad_as_array(0), np.zeros(3))
     np.testing.assert_allclose(b.grad_as_array(), np.asarray(W.value).sum(axis=0), **TOL)
+
+
+def test_init_rows_writes_only_its_rows_in_place():
+    """init_row / init_rows (renormalising the rows an update touched, as TransE does) write
+    on the device: the other rows stay, a repeated row takes its last value, an array the
+    user holds stays valid, and a graph computed with the old table refuses its backward."""
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((9, 3), name="E")
+    table, before = np.array(E.value), np.array(E.value)
+    held = E.value  # the user's array: the next write must not donate it
+    E.init_row(4, [1.0, 2.0, 3.0])
+    table[4] = [1.0, 2.0, 3.0]
+    np.testing.assert_array_equal(E.as_array(), table)
+    np.testing.assert_array_equal(np.asarray(held), before)  # valid, and unchanged
+    rows = [0, 7, 0, 2, 5]  # 4 distinct rows of 5, padded to a power of two inside
+    values = np.arange(15, dtype=np.float32).reshape(5, 3)
+    E.init_rows(rows, values)
+    table[[7, 0, 2, 5]] = values[1:]  # row 0 takes its second (last) value
+    np.testing.assert_array_equal(E.as_array(), table)
+    E.init_rows(np.array([3]), values[:1])  # a NumPy index array; one row
+    table[3] = values[0]
+    np.testing.assert_array_equal(E.as_array(), table)
+    E.init_rows([], np.zeros((0, 3)))  # nothing to write
+    np.testing.assert_array_equal(E.as_array(), table)
+
+    dx.renew_cg()
+    loss = dx.sum_elems(E[7])
+    loss.value()
+    E.init_rows([1], [[0.0, 0.0, 0.0]])
+    with pytest.raises(dx.StaleExpressionError, match="parameter E changed"):
+        loss.backward()
+
+    with pytest.raises(dx.IndexOutOfRangeError, match=r"init_rows of E: row 9 out of range"):
+        E.init_rows([1, 9], np.zeros((2, 3)))
+    with pytest.raises(dx.InvalidArgumentError,
+                       match=r"init_rows of E: expected 2 row\(s\) of shape \(3,\), got "
+                             r"values of shape \(2, 2\)"):
+        E.init_rows([1, 2], np.zeros((2, 2)))
+    with pytest.raises(dx.ArgumentTypeError, match="init_rows of E: rows must be a list"):
+        E.init_rows(3, np.zeros((1, 3)))
+    np.testing.assert_array_equal(E.as_array()[[2, 3]], table[[2, 3]])  # failures wrote nothing
+
+
+@pytest.mark.parametrize("strategy", ["none", "agenda"])
+def test_a_parameter_is_indexed_as_its_expression(strategy):
+    """W[i] and W[a:b] on a Parameter (it joins expressions by itself: W @ x, W * 2) pick
+    as on W.expr(); gradients reach W's rows; a bad index adds nothing to the graph."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((4, 3), name="W")
+    cg = dx.renew_cg(autobatch=strategy)
+    loss = dx.sum_elems(dx.cmult(W[1], W[3])) + dx.sum_elems(W[0:2])
+    V = np.asarray(W.value)
+    assert loss.value() == pytest.approx(float((V[1] * V[3]).sum() + V[:2].sum()), rel=1e-5)
+    loss.backward()
+    want = jax.grad(lambda w: jnp.sum(w[1] * w[3]) + jnp.sum(w[:2]))(W.value)
+    np.testing.assert_allclose(np.asarray(W.grad), np.asarray(want), **TOL)
+    nodes = cg.stats()["nodes"]
+    with pytest.raises(dx.IndexOutOfRangeError, match=r"pick: index 4 out of range \[0, 4\)"):
+        W[4]
+    assert cg.stats()["nodes"] == nodes
 
 
 def test_parameter_expr_without_update_passes_no_gradient():

@@ -193,8 +193,16 @@ class Parameter(Operators):
         from ..ops.extra import const_parameter
         return const_parameter(self)
 
+    def __getitem__(self, i):
+        """``W[i]`` / ``W[a:b]``: as on the parameter's expression (``pick``, ``pick_range``)."""
+        return _ops.parameter_item(self, i)
+
     __array_priority__ = 1000
 
+
+# writes rows in place: the old table is donated (``Parameter._own_value`` copies it first
+# if the user holds it), so one row costs a row, not a round trip of the whole table
+_set_rows = jax.jit(lambda table, rows, values: table.at[rows].set(values), donate_argnums=(0,))
 
 ALL_ROWS = None  # marker: every row of a lookup table may have a gradient
 
@@ -221,15 +229,39 @@ class LookupParameter(Parameter):
         return int(i)
 
     def init_row(self, i: int, row) -> None:
-        """Set row ``i`` of the table to ``row``."""
+        """Set row ``i`` of the table to ``row`` (on the device: the rest stays put)."""
         i = self._row(i, "init_row")
         arr = _real_array(row, f"init_row of {self.name}")
         if arr.shape != self.shape[1:]:
             raise InvalidArgumentError(f"init_row of {self.name}: a row has shape "
                                        f"{self.shape[1:]}, got {arr.shape}")
-        table = np.array(self._value)
-        table[i] = arr
-        self.set_value(table)
+        self._write_rows(np.array([i], np.int32), arr[None])
+
+    def init_rows(self, rows, values) -> None:
+        """Set each of ``rows`` of the table to its row of ``values`` (one per row) in one
+        kernel on the device, e.g. to renormalise the rows an update touched. A row given
+        twice takes its last value."""
+        if isinstance(rows, (str, bytes)) or not hasattr(rows, "__len__"):
+            raise ArgumentTypeError(f"init_rows of {self.name}: rows must be a list of ints, "
+                                    f"got {rows!r}")
+        idx = np.array([self._row(i, "init_rows") for i in rows], np.int32)
+        arr = _real_array(values, f"init_rows of {self.name}")
+        if arr.shape != (len(idx),) + self.shape[1:]:
+            raise InvalidArgumentError(
+                f"init_rows of {self.name}: expected {len(idx)} row(s) of shape "
+                f"{self.shape[1:]}, got values of shape {arr.shape}")
+        if len(idx):
+            _, last = np.unique(idx[::-1], return_index=True)  # a repeated row: its last
+            keep = np.sort(len(idx) - 1 - last)               # value (XLA's scatter picks any)
+            self._write_rows(idx[keep], arr[keep])
+
+    def _write_rows(self, idx, arr) -> None:
+        # distinct rows; their count padded to a power of two with copies of the last one
+        # (bounded compiles); the table is written in place
+        pad = (1 << (len(idx) - 1).bit_length()) - len(idx)
+        idx = np.concatenate([idx, np.repeat(idx[-1:], pad)])
+        arr = np.concatenate([arr, np.repeat(arr[-1:], pad, axis=0)]).astype(self.dtype)
+        self._value = _set_rows(self._own_value(), idx, arr)
 
     def init_from_array(self, array) -> None:
         """Set the whole table (DyNet's name for ``set_value``)."""

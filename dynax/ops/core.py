@@ -374,6 +374,12 @@ def parameter(p):
     return _apply(IDENTITY, p)
 
 
+@atomic  # a bad index leaves no parameter node behind
+def parameter_item(p, i):
+    """``p[i]`` / ``p[a:b]`` of a (non-lookup) parameter: as on its expression."""
+    return parameter(p)[i]
+
+
 def _binary(name, fn):
     return OpDef(name, fn, CHEAP, check=_broadcastable(name))
 

@@ -14,11 +14,11 @@ from .nn import (AdadeltaTrainer, AdagradTrainer, AdamTrainer, AmsgradTrainer,
                  CyclicalSGDTrainer, EGTrainer, LookupParameter, MomentumSGDTrainer, Parameter,
                  ParameterCollection, RMSPropTrainer, SimpleSGDTrainer, Trainer, load, save)
 # DyNet spells builders and initializers at the top level (dy.LSTMBuilder); they live in dx.nn
-from .nn import (BiRNNBuilder, ClassFactoredSoftmaxBuilder, CompactVanillaLSTMBuilder,
-                 ConstInitializer, CoupledLSTMBuilder, GlorotInitializer, GRUBuilder,
-                 IdentityInitializer, LSTMBuilder, NormalInitializer, NumpyInitializer,
-                 SimpleRNNBuilder, StandardSoftmaxBuilder, UniformInitializer,
-                 VanillaLSTMBuilder)
+from .nn import (BiRNNBuilder, ChildSumTreeLSTMBuilder, ClassFactoredSoftmaxBuilder,
+                 CompactVanillaLSTMBuilder, ConstInitializer, CoupledLSTMBuilder,
+                 GlorotInitializer, GRUBuilder, IdentityInitializer, LSTMBuilder,
+                 NormalInitializer, NumpyInitializer, SimpleRNNBuilder, StandardSoftmaxBuilder,
+                 TreeLSTMBuilder, UniformInitializer, VanillaLSTMBuilder)
 from .ops.core import (abs, add, affine_transform, average, binary_log_loss, cdiv, cmult,
                        concatenate, concatenate_cols, div, dot_product, dropout, emax, esum, exp,
                        hinge, input, inputTensor, inputVector, log, log_softmax, logistic,
@@ -32,6 +32,7 @@ from .ops.conv import (conv2d, conv2d_bias, filter1d_narrow, fold_rows, kmax_poo
 from .ops.function import Function, function
 
 Model = ParameterCollection  # DyNet's older name for it
+cg = current_graph  # DyNet's dy.cg(): the current graph
 
 
 def forward(exprs) -> None:

@@ -212,3 +212,7 @@ def test_loading_into_an_empty_collection_says_to_build_the_model_first(tmp_path
 def test_older_names():
     assert dx.pickrange is dx.pick_range
     assert dx.Model is dx.ParameterCollection
+    cg = dx.renew_cg()
+    assert dx.cg() is cg  # DyNet's dy.cg()
+    assert dx.TreeLSTMBuilder is dx.nn.TreeLSTMBuilder  # at the top level, as the others
+    assert dx.ChildSumTreeLSTMBuilder is dx.nn.ChildSumTreeLSTMBuilder

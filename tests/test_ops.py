@@ -558,9 +558,11 @@ _KEEP = ([0, 2], [1], [0, 1, 2])  # instance k's restrict set: the sets batch as
 case("log_softmax_restricted_per_instance", A3, lambda r, k: {"x": normal(r, 3), "i": k},
      lambda P, d: dx.pick(dx.log_softmax(ev(P, d["x"]), _KEEP[d["i"]]), _KEEP[d["i"]][-1]),
      lambda V, d: jax.nn.log_softmax((d["x"] + V["A"])[jnp.array(_KEEP[d["i"]])])[-1])
-case("slice_getitem", A3, vec_data(),
-     lambda P, d: (ev(P, d["x"])[1:], ev(P, d["x"])[-3:-1], ev(P, d["x"])[:]),
-     lambda V, d: ((d["x"] + V["A"])[1:], (d["x"] + V["A"])[-3:-1], d["x"] + V["A"]))
+case("slice_getitem", A3, vec_data(),  # bounds past the ends clip, as NumPy's
+     lambda P, d: (ev(P, d["x"])[1:], ev(P, d["x"])[-3:-1], ev(P, d["x"])[:],
+                   ev(P, d["x"])[1:100], ev(P, d["x"])[-10:2]),
+     lambda V, d: ((d["x"] + V["A"])[1:], (d["x"] + V["A"])[-3:-1], d["x"] + V["A"],
+                   (d["x"] + V["A"])[1:100], (d["x"] + V["A"])[-10:2]))
 case("transpose_dims", M23, lambda r, k: {"X": normal(r, 2, 3), "T": normal(r, 2, 3, 4)},
      lambda P, d: (dx.transpose(em(P, d["X"]), [1, 0]),
                    dx.transpose(inp(d["T"]) * dx.sum_elems(P["M"]), [2, 0, 1])),

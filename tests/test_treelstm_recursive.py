@@ -150,8 +150,12 @@ def test_numpy_integer_checked():
     h = dx.input(np.ones(H, np.float32))
     root_loss_cell(h, Wo, bo, np.int64(2))  # compiles the appender for this pattern
     n = cg.stats()["nodes"]
-    with pytest.raises(dx.IndexOutOfRangeError, match=r"root_loss_cell.*index -1"):
+    with pytest.raises(dx.IndexOutOfRangeError,
+                       match=r"root_loss_cell: int argument -1 is outside \[0, 2\*\*31 - 1\)"
+                             r".*JAX clamps an index past the end\): check them before"):
         root_loss_cell(h, Wo, bo, np.int64(-1))
+    with pytest.raises(dx.IndexOutOfRangeError, match=r"int argument 2147483648 is outside"):
+        root_loss_cell(h, Wo, bo, np.int64(2**31))
     assert cg.stats()["nodes"] == n
 
 

@@ -238,6 +238,13 @@ class ComputationGraph:
                     f"{sig.op.name}: index must be an integer, got {ints[i]!r} "
                     f"(arguments: {describe(kinds, tuple(key))})")
             if not 0 <= x < hi:
+                if sig.op.index_bounds is None:  # a dx.function's integer data
+                    raise IndexOutOfRangeError(
+                        f"{sig.op.name}: int argument {x} is outside [0, 2**31 - 1), the "
+                        f"range of a dx.function's per-instance ints (arguments: "
+                        f"{describe(kinds, tuple(key))}). What they index inside the "
+                        "function is not checked (JAX clamps an index past the end): "
+                        "check them before the call")
                 raise IndexOutOfRangeError(
                     f"{sig.op.name}: index {x} out of range [0, {hi}) "
                     f"(arguments: {describe(kinds, tuple(key))})")

@@ -824,7 +824,9 @@ def pick(x, i, dim: int = 0):
 
 def slice_first_dim(x, s: slice):
     """``x[a:b]`` (``Expression.__getitem__``): ``pick_range`` along the first dimension,
-    with Python's meaning of omitted and negative bounds."""
+    with Python's (NumPy's) meaning of omitted, negative and out-of-range bounds: they
+    clip to the dimension, where ``pick_range`` refuses them. An empty slice is refused
+    (there are no empty expressions)."""
     from .extra import pick_range
     shape = _shape(x)
     if not shape:
@@ -835,6 +837,11 @@ def slice_first_dim(x, s: slice):
         if b is not None and (isinstance(b, bool) or not isinstance(b, numbers.Integral)):
             raise ArgumentTypeError(f"slice: bounds must be ints or None, got {b!r}")
     start, stop, _ = s.indices(shape[0])
+    if stop <= start:
+        text = ":".join("" if b is None else str(b) for b in (s.start, s.stop))
+        raise IndexOutOfRangeError(f"slice: [{text}] of shape {shape} is empty (its bounds "
+                                   f"clip to [{start}, {stop})); an expression has at least "
+                                   "one element")
     return pick_range(x, start, stop)
 
 

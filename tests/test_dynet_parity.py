@@ -156,8 +156,9 @@ def test_init_rows_writes_only_its_rows_in_place():
                        match=r"init_rows of E: expected 2 row\(s\) of shape \(3,\), got "
                              r"values of shape \(2, 2\)"):
         E.init_rows([1, 2], np.zeros((2, 2)))
-    with pytest.raises(dx.ArgumentTypeError, match="init_rows of E: rows must be a list"):
-        E.init_rows(3, np.zeros((1, 3)))
+    for rows in (3, np.array(3), [[1], [2]]):
+        with pytest.raises(dx.ArgumentTypeError, match="init_rows of E: rows must be a list"):
+            E.init_rows(rows, np.zeros((1, 3)))
     np.testing.assert_array_equal(E.as_array()[[2, 3]], table[[2, 3]])  # failures wrote nothing
 
 

@@ -241,7 +241,7 @@ class LookupParameter(Parameter):
         """Set each of ``rows`` of the table to its row of ``values`` (one per row) in one
         kernel on the device, e.g. to renormalise the rows an update touched. A row given
         twice takes its last value."""
-        if isinstance(rows, (str, bytes)) or not hasattr(rows, "__len__"):
+        if isinstance(rows, (str, bytes)) or np.ndim(rows) != 1:
             raise ArgumentTypeError(f"init_rows of {self.name}: rows must be a list of ints, "
                                     f"got {rows!r}")
         idx = np.array([self._row(i, "init_rows") for i in rows], np.int32)

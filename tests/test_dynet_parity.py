@@ -181,6 +181,24 @@ def test_a_parameter_is_indexed_as_its_expression(strategy):
     assert cg.stats()["nodes"] == nodes
 
 
+def test_a_collection_zeroes_its_own_gradients():
+    """pc.zero_grad() / DyNet's reset_gradient() forget the gradients of a (sub)collection's
+    parameters, lookup rows included, and leave the others' alone."""
+    pc = dx.ParameterCollection(seed=0)
+    gen, disc = pc.add_subcollection("gen"), pc.add_subcollection("disc")
+    G, D = gen.add_parameters((3, 3), name="G"), disc.add_parameters((1, 3), name="D")
+    E = disc.add_lookup_parameters((4, 3), name="E")
+    dx.renew_cg()
+    dx.sum_elems(D @ dx.tanh(G @ E[2])).backward()
+    assert all(np.abs(np.asarray(p.grad)).sum() > 0 for p in (G, D, E))
+    disc.reset_gradient()
+    assert np.abs(np.asarray(D.grad)).sum() == 0 and np.abs(np.asarray(E.grad)).sum() == 0
+    assert E.touched == set()
+    assert np.abs(np.asarray(G.grad)).sum() > 0
+    pc.zero_grad()
+    assert np.abs(np.asarray(G.grad)).sum() == 0
+
+
 def test_parameter_expr_without_update_passes_no_gradient():
     pc = dx.ParameterCollection(seed=0)
     W = pc.add_parameters(3, name="W")

@@ -376,6 +376,16 @@ class ParameterCollection:
         """Parameters of this collection (and its children), in creation order."""
         return [p for p in self._root._params if p.name.startswith(self._prefix)]
 
+    def zero_grad(self) -> None:
+        """Forget the accumulated gradients of this collection's parameters (and its
+        children's). A trainer's update zeroes only those it updates: e.g. a GAN's generator
+        step backpropagates into the discriminator too, whose gradient then waits for the
+        discriminator's next update unless zeroed (or kept out with ``update=False``)."""
+        for p in self.parameters():
+            p.zero_grad()
+
+    reset_gradient = zero_grad  # DyNet's name
+
     def parameters_list(self) -> list[Parameter]:
         """The plain parameters (not lookup tables), in creation order (DyNet's name)."""
         return [p for p in self.parameters() if not isinstance(p, LookupParameter)]

@@ -27,6 +27,24 @@ def test_nonfinite_gradient_is_reported():
         loss.backward()
 
 
+@pytest.mark.parametrize("strategy", ["none", "agenda"])
+def test_a_nonfinite_gradient_names_the_op_whose_backward_made_it(strategy):
+    """l2_norm of a zero vector: its value is finite, the gradient its backward passes to
+    its argument is 0/0. The error names l2_norm and its line, not the node that holds the
+    argument (it named the parameter node, whose cotangent was the first checked)."""
+    pc = dx.ParameterCollection(seed=0)
+    k = pc.add_parameters((4,), init="zeros", name="k")
+    dx.renew_cg(autobatch=strategy, check_validity=True)
+    x = dx.tanh(k * 1.0)
+    fine = dx.sum_elems(x)  # another consumer of x: its backward stays finite
+    loss = dx.l2_norm(x) * 2.0 + fine
+    assert loss.value() == 0.0
+    with pytest.raises(NonFiniteValueError,
+                       match=r"gradient \(its backward's, for argument 0\) in node \d+ "
+                             r"\(l2_norm\) built at .*test_validity.py"):
+        loss.backward()
+
+
 def test_finite_graph_passes_in_validity_mode():
     dx.renew_cg(check_validity=True)
     x = dx.input(np.array([1.0, 2.0], np.float32))

@@ -24,7 +24,7 @@ from ..device import get_device, zeros
 from ..errors import StaleExpressionError
 from ..ops.registry import AKEY_AVAL, CHEAP
 from .buckets import bucket
-from .validity import check_block, check_forward, check_param_grads
+from .validity import check_argument_grads, check_block, check_forward, check_param_grads
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
                       compile_clear, forward_kernel, forward_run_kernel, load_block,
                       packet_offsets, seed_gradient)
@@ -586,6 +586,7 @@ class Engine:
         for p, arr in zip(params, new_pg):
             p._accumulate(arr, sig, g, nodes)
         if g.check_validity:
+            check_argument_grads(g, grads, sig, nodes, gflags)
             check_param_grads(g, sig, nodes)
 
     def _backward_some_lanes(self, g, grads, sig, modes, B, packet, nodes, gflags, lanes,
@@ -621,6 +622,8 @@ class Engine:
             for p, arr in zip(sig.params, new_pg):
                 p._accumulate(arr, sig, g, [nd for nd, o in zip(step_nodes, on) if o])
             if g.check_validity:
+                live_nodes = [nd for nd, o in zip(step_nodes, on) if o]
+                check_argument_grads(g, grads, sig, live_nodes, gflags)
                 check_param_grads(g, sig, step_nodes)
 
     def _gradient_arenas(self, g):

@@ -38,6 +38,18 @@ def check_forward(engine, g, plan):
             check_block(g, engine.arenas[a], start, nodes, sig, "value")
 
 
+def check_argument_grads(g, grads, sig, nodes, gflags):
+    """After a batch's backward: the cotangents it added to its arguments are finite. Its
+    output cotangents were checked before it ran, so a non-finite one here is its own op's
+    doing (``l2_norm`` of a zero vector), not that of the node that holds the argument."""
+    for k, (a, flag) in enumerate(zip(sig.in_akeys, gflags)):
+        if flag:
+            rows = np.array([g.val_row[g.node_vals[nd][k]] for nd in nodes], np.int32)
+            i = _first_bad(np.asarray(grads[a][rows]), len(nodes))
+            if i is not None:
+                _raise(g, sig, nodes[i], f"gradient (its backward's, for argument {k})")
+
+
 def check_param_grads(g, sig, nodes):
     for p in sig.params:
         if not np.isfinite(np.asarray(p._grad)).all():

@@ -525,3 +525,14 @@ def test_backward_through_values_of_changed_parameters_is_refused(change, tmp_pa
     new_loss.backward()
     want = jax.grad(lambda w: jnp.sum(jnp.tanh(w @ x)))(jnp.asarray(w))
     np.testing.assert_allclose(np.asarray(W.grad), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_scalar_value_of_a_vector_names_the_line():
+    """scalar_value() of a vector is refused before anything is computed, with the user's
+    line as every other construction error (it was a plain ValueError without one)."""
+    cg = dx.renew_cg()
+    e = dx.tanh(dx.input(np.ones(3, np.float32)))
+    with pytest.raises(dx.ShapeError, match=r"scalar_value: expression has shape \(3,\), not "
+                                            r"one element; use value\(\) .*test_errors.py"):
+        e.scalar_value()
+    assert cg.stats()["batches"] == 0

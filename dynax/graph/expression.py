@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import NonScalarBackwardError
+from ..errors import NonScalarBackwardError, ShapeError
 from ..ops.registry import AKEY_AVAL
 from ..operators import Operators
 
@@ -67,10 +67,11 @@ class Expression(Operators):
 
     def scalar_value(self) -> float:
         """The value of a one-element expression as a Python float."""
-        a = self.g.read(self.v)
-        if a.size != 1:
-            raise ValueError(f"scalar_value: expression has shape {a.shape}, not one element")
-        return float(a.reshape(()))
+        self.g.check_alive()
+        if int(np.prod(self.shape)) != 1:  # told before computing anything
+            raise ShapeError(f"scalar_value: expression has shape {self.shape}, not one "
+                             "element; use value() or npvalue()")
+        return float(self.g.read(self.v).reshape(()))
 
     def backward(self, full: bool = False) -> None:
         """Accumulate d(self)/d(p) into ``p.grad`` of every parameter that contributed.

@@ -178,6 +178,8 @@ def test_a_parameter_is_indexed_as_its_expression(strategy):
     nodes = cg.stats()["nodes"]
     with pytest.raises(dx.IndexOutOfRangeError, match=r"pick: index 4 out of range \[0, 4\)"):
         W[4]
+    with pytest.raises(TypeError, match="Parameter W is not iterable"):
+        list(W)  # no node per row behind the user's back
     assert cg.stats()["nodes"] == nodes
 
 

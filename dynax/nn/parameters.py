@@ -197,6 +197,10 @@ class Parameter(Operators):
         """``W[i]`` / ``W[a:b]``: as on the parameter's expression (``pick``, ``pick_range``)."""
         return _ops.parameter_item(self, i)
 
+    def __iter__(self):  # indexable, but not a sequence: a node per row behind the user's back
+        raise TypeError(f"{type(self).__name__} {self.name} is not iterable: index rows with "
+                        "W[i], read the array with npvalue()")
+
     __array_priority__ = 1000
 
 

@@ -132,7 +132,7 @@ def test_init_rows_writes_only_its_rows_in_place():
     table[4] = [1.0, 2.0, 3.0]
     np.testing.assert_array_equal(E.as_array(), table)
     np.testing.assert_array_equal(np.asarray(held), before)  # valid, and unchanged
-    rows = [0, 7, 0, 2, 5]  # 4 distinct rows of 5, padded to a power of two inside
+    rows = [0, 7, 0, 2, 5]  # 4 distinct rows of 5, padded to a bucket size inside
     values = np.arange(15, dtype=np.float32).reshape(5, 3)
     E.init_rows(rows, values)
     table[[7, 0, 2, 5]] = values[1:]  # row 0 takes its second (last) value
@@ -142,6 +142,12 @@ def test_init_rows_writes_only_its_rows_in_place():
     np.testing.assert_array_equal(E.as_array(), table)
     E.init_rows([], np.zeros((0, 3)))  # nothing to write
     np.testing.assert_array_equal(E.as_array(), table)
+    F = pc.add_lookup_parameters((40, 3), name="F")  # 17 rows: padded with 3 copies
+    big = np.array(F.value)
+    rows17 = list(range(3, 37, 2))
+    big[rows17] = np.arange(51, dtype=np.float32).reshape(17, 3)
+    F.init_rows(rows17, big[rows17])
+    np.testing.assert_array_equal(F.as_array(), big)
 
     dx.renew_cg()
     loss = dx.sum_elems(E[7])

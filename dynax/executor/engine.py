@@ -619,10 +619,10 @@ class Engine:
             for a, arr in zip(kern.write_akeys, new_g):
                 grads[a] = arr
             step_nodes = nodes[starts[t]:starts[t + 1]]
+            live_nodes = [nd for nd, o in zip(step_nodes, on) if o]
             for p, arr in zip(sig.params, new_pg):
-                p._accumulate(arr, sig, g, [nd for nd, o in zip(step_nodes, on) if o])
+                p._accumulate(arr, sig, g, live_nodes)
             if g.check_validity:
-                live_nodes = [nd for nd, o in zip(step_nodes, on) if o]
                 check_argument_grads(g, grads, sig, live_nodes, gflags)
                 check_param_grads(g, sig, step_nodes)
 

@@ -260,9 +260,10 @@ class LookupParameter(Parameter):
             self._write_rows(idx[keep], arr[keep])
 
     def _write_rows(self, idx, arr) -> None:
-        # distinct rows; their count padded to a power of two with copies of the last one
-        # (bounded compiles); the table is written in place
-        pad = (1 << (len(idx) - 1).bit_length()) - len(idx)
+        # distinct rows; their count padded to its bucket with copies of the last one
+        # (bounded compiles, as the trainers' row updates); the table is written in place
+        from ..executor.buckets import bucket  # the executor package imports this module
+        pad = bucket(len(idx)) - len(idx)
         idx = np.concatenate([idx, np.repeat(idx[-1:], pad)])
         arr = np.concatenate([arr, np.repeat(arr[-1:], pad, axis=0)]).astype(self.dtype)
         self._value = _set_rows(self._own_value(), idx, arr)

@@ -550,6 +550,14 @@ def _flag_arg(who, what, v) -> bool:
     return v
 
 
+def _indices_in_range(opname, label: str, idx, n: int) -> None:
+    """Each of ``idx`` (a restrict set, a target support) lies in ``[0, n)``; the first
+    that does not is named."""
+    bad = [i for i in idx if not 0 <= i < n]
+    if bad:
+        raise IndexOutOfRangeError(f"{opname}: {label} index {bad[0]} out of range [0, {n})")
+
+
 def _int_list(opname, what, xs) -> tuple:
     """``xs`` as a tuple of ints, checked to be a non-empty list or tuple of them."""
     if not isinstance(xs, (list, tuple)) or not xs or any(
@@ -1103,10 +1111,7 @@ def log_softmax(x, restrict=None):
     if len(shape) != 1:
         raise ShapeError(f"log_softmax: restrict needs a vector, got shape {shape}"
                          f"{dynet_dims_hint([shape])}")
-    bad = [i for i in restrict if not 0 <= i < shape[0]]
-    if bad:
-        raise IndexOutOfRangeError(f"log_softmax: restrict index {bad[0]} out of range "
-                                   f"[0, {shape[0]})")
+    _indices_in_range("log_softmax", "restrict", restrict, shape[0])
     keep = np.zeros(shape, np.float32)
     keep[restrict] = 1.0
     return _tensor_node(RESTRICTED_LOG_SOFTMAX, (x, keep), ())

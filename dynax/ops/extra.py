@@ -16,9 +16,10 @@ import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
 from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _checked_shape,
-                   _dropout_rate, _int, _int_list, _real, _shape, _single, _tensor_node, _unary,
-                   _vector, atomic, cmult, concatenate, concatenate_cols, draw_key, input,
-                   kept_and_scaled, lookup, parameter, seed_and_node_bounds, training_draw, zeros)
+                   _dropout_rate, _indices_in_range, _int, _int_list, _real, _shape, _single,
+                   _tensor_node, _unary, _vector, atomic, cmult, concatenate, concatenate_cols,
+                   draw_key, input, kept_and_scaled, lookup, parameter, seed_and_node_bounds,
+                   training_draw, zeros)
 from .registry import CHEAP, HEAVY, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------
@@ -622,10 +623,7 @@ def sparsemax_loss(x, target_support):
     if len(shape) != 1:
         raise ShapeError(f"sparsemax_loss: expected a vector, got shape {shape}")
     support = sorted(set(_int_list("sparsemax_loss", "target_support", target_support)))
-    bad = [i for i in support if not 0 <= i < shape[0]]
-    if bad:
-        raise IndexOutOfRangeError(f"sparsemax_loss: target index {bad[0]} out of range "
-                                   f"[0, {shape[0]})")
+    _indices_in_range("sparsemax_loss", "target", support, shape[0])
     q = np.zeros(shape, np.float32)
     q[support] = 1.0 / len(support)
     return _tensor_node(SPARSEMAX_LOSS, (x, q), ())

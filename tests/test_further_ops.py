@@ -127,7 +127,7 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
     (lambda x: dx.colwise_add(x, np.ones(3, np.float32)), dx.ShapeError,
      r"colwise_add: expected a matrix \(n, m\) and a vector \(n,\), got \(2, 3\) and \(3,\)"),
     (lambda x: dx.logsumexp([x, x]), dx.ShapeError, r"logsumexp: expected scalars or vectors"),
-    (lambda x: dx.logsumexp([]), dx.InvalidArgumentError, r"logsumexp: expected a non-empty"),
+    (lambda x: dx.logsumexp([]), dx.InvalidArgumentError, r"logsumexp: empty list"),
     (lambda x: dx.noise(x, -1.0), dx.InvalidArgumentError, r"noise: stddev must be"),
     (lambda x: x * np.ones(3, np.float32), dx.ShapeError,
      r"cmult: .*`\*` multiplies elementwise here .* is `W @ x`"),
@@ -268,6 +268,23 @@ def test_further_ops_check_their_arguments(call, error, match):
     before = cg.stats()["nodes"], len(cg.val_node)
     with pytest.raises(error, match=match):
         call(x)
+    assert (cg.stats()["nodes"], len(cg.val_node)) == before
+
+
+@pytest.mark.parametrize("shapes, match", [
+    (((), (3,)), r"item 0 has shape \(\), item 1 has \(3,\)"),
+    (((3,), (3,), ()), r"item 0 has shape \(3,\), item 2 has \(\)"),
+    (((3,), (2,)), r"item 0 has shape \(3,\), item 1 has \(2,\)"),
+])
+def test_logsumexp_refuses_items_of_different_shapes(shapes, match):
+    """A scalar among vectors was once concatenated with them and reduced to one scalar:
+    refused, as DyNet does, naming the first item that differs; nothing is added."""
+    cg = dx.renew_cg()
+    xs = [dx.input(np.ones(s, np.float32)) for s in shapes]
+    before = cg.stats()["nodes"], len(cg.val_node)
+    with pytest.raises(dx.ShapeError, match="logsumexp: all items must have the same shape; "
+                       + match):
+        dx.logsumexp(xs)
     assert (cg.stats()["nodes"], len(cg.val_node)) == before
 
 

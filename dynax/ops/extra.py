@@ -16,10 +16,10 @@ import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
 from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _checked_shape,
-                   _dropout_rate, _indices_in_range, _int, _int_list, _real, _shape, _single,
-                   _tensor_node, _unary, _vector, atomic, cmult, concatenate, concatenate_cols,
-                   draw_key, input, kept_and_scaled, lookup, parameter, seed_and_node_bounds,
-                   training_draw, zeros)
+                   _dropout_rate, _indices_in_range, _int, _int_list, _list_op, _real, _shape,
+                   _single, _tensor_node, _unary, _vector, atomic, cmult, concatenate,
+                   concatenate_cols, draw_key, input, kept_and_scaled, lookup, parameter,
+                   seed_and_node_bounds, training_draw, zeros)
 from .registry import CHEAP, HEAVY, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------
@@ -312,19 +312,18 @@ def colwise_add(x, bias):
 
 
 @atomic
+@_list_op
 def logsumexp(xs):
     """Elementwise ``log(sum(exp(x)))`` over a list of scalars or of vectors of one shape
     (DyNet's ``logsumexp``), computed stably."""
-    xs = list(xs)
-    if not xs:
-        raise InvalidArgumentError("logsumexp: expected a non-empty list of expressions")
-    xs = [_as_expression(x, "logsumexp") for x in xs]
-    ndim = len(xs[0].shape)
-    if ndim == 0:
+    first = xs[0].shape
+    if any(x.shape != first for x in xs):
+        raise ShapeError("logsumexp")  # _list_op names the op and the first differing item
+    if len(first) == 0:
         return logsumexp_dim(concatenate(xs))
-    if ndim == 1:
+    if len(first) == 1:
         return logsumexp_dim(concatenate_cols(xs), 1)
-    raise ShapeError(f"logsumexp: expected scalars or vectors, got shape {xs[0].shape}")
+    raise ShapeError(f"logsumexp: expected scalars or vectors, got shape {first}")
 
 
 def _noise_fn(x, seed, node, stddev):

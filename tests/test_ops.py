@@ -238,7 +238,9 @@ case("reshape_mat_to_vec", M23, lambda r, k: {"X": normal(r, 2, 3)},
 
 for _name, _f, _g in (("esum", dx.esum, lambda xs: jnp.sum(jnp.stack(xs), axis=0)),
                       ("average", dx.average, lambda xs: jnp.mean(jnp.stack(xs), axis=0)),
-                      ("emax", dx.emax, lambda xs: jnp.max(jnp.stack(xs), axis=0))):
+                      ("emax", dx.emax, lambda xs: jnp.max(jnp.stack(xs), axis=0)),
+                      ("logsumexp", dx.logsumexp,
+                       lambda xs: jax.nn.logsumexp(jnp.stack(xs), axis=0))):
     case(f"{_name}_3_and_4", A3,  # lengths 3 and 4 in one graph: one padded signature
          lambda r, k: {"xs": [normal(r, 3) for _ in range(1 + k % 2)], "y": normal(r, 3)},
          lambda P, d, f=_f: f([ev(P, d["xs"][0]), inp(d["y"]), P["A"]]
@@ -391,6 +393,14 @@ case("logsumexp_scalars", A3, vec_data(),
                                                                            P["A"])]),
      lambda V, d: jax.nn.logsumexp(jnp.stack([jnp.sum(d["x"] + V["A"]),
                                               jnp.dot(d["y"], V["A"])])))
+case("logsumexp_matrices", M23, lambda r, k: {"X": normal(r, 2, 3)},  # DyNet: any shape
+     lambda P, d: dx.logsumexp([em(P, d["X"]), em(P, d["X"]) * 2.0, P["M"]]),
+     lambda V, d: jax.nn.logsumexp(jnp.stack([d["X"] + V["M"], (d["X"] + V["M"]) * 2.0,
+                                              V["M"]]), axis=0))
+case("logsumexp_20_items", A3, vec_data(),  # chunks of 16, then one node over the chunks
+     lambda P, d: dx.logsumexp([ev(P, d["x"]) * (0.1 * i) for i in range(20)]),
+     lambda V, d: jax.nn.logsumexp(jnp.stack([(d["x"] + V["A"]) * (0.1 * i)
+                                              for i in range(20)]), axis=0))
 case("pow_operator", AP3, vec_data(positive), lambda P, d: ev(P, d["x"]) ** 2.5,
      lambda V, d: (d["x"] + V["A"]) ** 2.5)
 case("noise_eval_graph", A3, vec_data(), lambda P, d: dx.noise(ev(P, d["x"]), 0.5),

@@ -925,8 +925,8 @@ EMAX = OpDef("emax", _emax, CHEAP, check=lambda av, st: _all_same("emax")(av[:-1
 
 
 def _list_args(xs, opname):
-    if isinstance(xs, (Expression, Parameter, np.ndarray, jax.Array)) or not hasattr(
-            xs, "__iter__"):
+    items = (Expression, Parameter, np.ndarray, jax.Array)  # Parameter: bound at import's end
+    if isinstance(xs, items) or not hasattr(xs, "__iter__"):
         raise ArgumentTypeError(f"{opname}: expected a list of expressions, got "
                                 f"{type(xs).__name__}")
     xs = list(xs)
@@ -934,10 +934,12 @@ def _list_args(xs, opname):
         raise InvalidArgumentError(f"{opname}: empty list")
     out = []
     for x in xs:
-        k, item = _kind(x, opname)
+        # numbers (and anything else) are refused here, with a message for lists: _kind's
+        # own would offer numbers, which a list op does not take
+        k, item = _kind(x, opname) if isinstance(x, items) else ("s", x)
         if k == "s":
-            raise ArgumentTypeError(
-                f"{opname}: list items must be Expressions or Parameters, got {x!r}")
+            raise ArgumentTypeError(f"{opname}: list items must be Expressions, Parameters or "
+                                    f"arrays, got {type(x).__name__} {x!r}")
         out.append(item)
     return out
 

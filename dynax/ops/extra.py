@@ -15,12 +15,13 @@ import jax.scipy.special
 import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
-from .core import (_all_same, _apply, _as_expression, _binary, _binop, _both, _checked_shape,
-                   _dropout_rate, _indices_in_range, _int, _int_list, _list_op, _real, _shape,
-                   _single, _tensor_node, _unary, _vector, atomic, cmult, concatenate,
-                   concatenate_cols, draw_key, input, kept_and_scaled, lookup, parameter,
-                   seed_and_node_bounds, training_draw, zeros)
-from .registry import CHEAP, HEAVY, OpDef
+from .core import (MAX_LIST, _all_same, _apply, _as_expression, _binary, _binop, _both,
+                   _checked_shape, _dropout_rate, _indices_in_range, _int, _int_list, _list_op,
+                   _padded, _real, _reduced, _shape, _single, _tensor_node, _unary, _vector,
+                   _zero_like, atomic, cmult, concatenate, concatenate_cols, draw_key, input,
+                   kept_and_scaled, lookup, parameter, seed_and_node_bounds, training_draw,
+                   zeros)
+from .registry import CHEAP, HEAVY, INDEX_LIMIT, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------
 
@@ -312,18 +313,28 @@ def colwise_add(x, bias):
 
 
 @atomic
+def _logsumexp(*a):
+    """``log(sum(exp))`` over the first ``n`` items (``a[-1]``), elementwise; the padding
+    is masked out."""
+    xs, n = jnp.stack(a[:-1]), a[-1]
+    real = (jnp.arange(xs.shape[0]) < n).reshape((-1,) + (1,) * (xs.ndim - 1))
+    return jax.nn.logsumexp(xs, axis=0, where=jnp.broadcast_to(real, xs.shape))
+
+
+LOGSUMEXP = OpDef("logsumexp", _logsumexp, CHEAP,
+                  check=lambda av, st: _all_same("logsumexp")(av[:-1], st),
+                  index_bounds=lambda avals: (INDEX_LIMIT,))  # the count of real items
+
+
 @_list_op
 def logsumexp(xs):
-    """Elementwise ``log(sum(exp(x)))`` over a list of scalars or of vectors of one shape
-    (DyNet's ``logsumexp``), computed stably."""
-    first = xs[0].shape
-    if any(x.shape != first for x in xs):
-        raise ShapeError("logsumexp")  # _list_op names the op and the first differing item
-    if len(first) == 0:
-        return logsumexp_dim(concatenate(xs))
-    if len(first) == 1:
-        return logsumexp_dim(concatenate_cols(xs), 1)
-    raise ShapeError(f"logsumexp: expected scalars or vectors, got shape {first}")
+    """Elementwise ``log(sum(exp(x)))`` over a list of expressions of one shape (DyNet's
+    ``logsumexp``), computed stably; one node per list of up to 16 items."""
+    return _reduced(xs, _logsumexp_node, MAX_LIST, "logsumexp")
+
+
+def _logsumexp_node(xs):  # the count of real items masks the padding
+    return _padded(LOGSUMEXP, xs, _zero_like(xs), "i", (len(xs),))
 
 
 def _noise_fn(x, seed, node, stddev):

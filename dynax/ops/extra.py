@@ -15,12 +15,11 @@ import jax.scipy.special
 import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
-from .core import (MAX_LIST, _all_same, _apply, _as_expression, _binary, _binop, _both,
-                   _checked_shape, _dropout_rate, _indices_in_range, _int, _int_list, _list_op,
-                   _padded, _real, _reduced, _shape, _single, _tensor_node, _unary, _vector,
-                   _zero_like, atomic, cmult, concatenate, concatenate_cols, draw_key, input,
-                   kept_and_scaled, lookup, parameter, seed_and_node_bounds, training_draw,
-                   zeros)
+from .core import (MAX_LIST, _all_same, _apply, _binary, _binop, _both, _checked_shape,
+                   _dropout_rate, _indices_in_range, _int, _int_list, _list_op, _padded, _real,
+                   _reduced, _shape, _single, _tensor_node, _unary, _vector, _zero_like, atomic,
+                   cmult, draw_key, input, kept_and_scaled, lookup, parameter,
+                   seed_and_node_bounds, training_draw, zeros)
 from .registry import CHEAP, HEAVY, INDEX_LIMIT, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------

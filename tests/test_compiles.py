@@ -114,6 +114,36 @@ def test_parameters_of_equal_shape_share_kernels():
     assert v2 == pytest.approx(float(np.sum(np.tanh(np.asarray(W2.value) @ x))), rel=1e-5)
 
 
+def test_small_batches_of_small_work_take_the_coarse_ladder():
+    """Per-degree attention ops of a GAT come in batches of every size: where a padded
+    kernel's work is small, sizes 5 to 16 share one kernel (16 lanes), as its padding costs
+    microseconds and each size would be a compilation; a large op keeps the fine ladder."""
+    pc = dx.ParameterCollection(seed=0)
+    W, Wbig = pc.add_parameters((3, 3)), pc.add_parameters((300, 300))
+
+    def lanes(n):
+        cg = dx.renew_cg()
+        small = [dx.tanh(W @ dx.input(np.full(3, 0.1 * i, np.float32))) for i in range(n)]
+        big = [Wbig @ dx.input(np.full(300, 0.1 * i, np.float32)) for i in range(n)]
+        loss = (dx.esum([dx.sum_elems(e) for e in small])  # lists of 16 at most: one node
+                + dx.esum([dx.sum_elems(e) for e in big]))
+        value = loss.value()
+        want = sum(np.tanh(np.asarray(W.value) @ np.full(3, 0.1 * i)).sum()
+                   + (np.asarray(Wbig.value) @ np.full(300, 0.1 * i)).sum() for i in range(n))
+        assert value == pytest.approx(float(want), rel=1e-4)
+        return {(b.sig.op.name, b.sig.params[0].shape if b.sig.params else ()): b.B
+                for b in cg.batches}
+
+    for n, big_lanes in ((5, 8), (9, 16), (13, 16)):
+        got = lanes(n)
+        assert got[("tanh", ())] == 16 and got[("matmul", (3, 3))] == 16, got
+        assert got[("matmul", (300, 300))] == big_lanes, got
+    lanes(5)
+    before = _compile_count()
+    lanes(11)  # every kernel at 16 lanes: compiled already
+    assert _compile_count() == before
+
+
 @pytest.mark.parametrize("strategy", ["agenda", "depth"])
 def test_restricted_log_softmax_sets_are_data(strategy):
     """A parser's valid actions differ at every step: log_softmax(x, restrict) over

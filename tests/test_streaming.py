@@ -97,3 +97,42 @@ def test_a_streamed_plan_is_stored_for_reuse(monkeypatch):
             assert log.index("launch") < log.index("end")
     assert reused == [0, 0, 1]
 
+
+
+class _SmallCells:
+    """Small two-output cells (h and c in one arena): the coarse ladder's case (up to 4x
+    the nodes as lanes) where a node's outputs take blocks of B rows."""
+
+    def __init__(self):
+        self.pc = pc = dx.ParameterCollection(seed=0)
+        self.W = pc.add_parameters((4, 4), name="W")
+
+    def loss(self, sentences):
+        losses = []
+        for words, _ in sentences:
+            h, c = dx.zeros((4,)), dx.zeros((4,))
+            for w in words:
+                h, c = _cell(self.W @ h + float(w), c)
+            losses.append(dx.sum_elems(h + c))
+        return dx.esum(losses)
+
+
+@dx.function
+def _cell(x, c):
+    return jax.numpy.tanh(x + c), 0.5 * c + x
+
+
+def test_the_streaming_bound_holds_every_plan_of_the_graph():
+    """A streamed pass reserves rows by ``_rows``'s bound instead of the plan: for small and
+    large batches, one and two outputs per arena, it must hold what the plan writes."""
+    engine = _engine()
+    for model in (Chains(), _SmallCells()):
+        for seed, n in ((3, 1), (4, 5), (5, 17), (6, 70)):
+            dx.renew_cg(autobatch="agenda")
+            model.loss(_batch(seed, n))
+            g = dx.current_graph()
+            hi = len(g.node_sig)
+            bound = engine._rows(g, {}, 0, hi)
+            for strategy in ("agenda", "depth", "none"):
+                exact = engine._rows(g, {}, 0, hi, strategies.schedule(strategy, g, 0, hi))
+                assert all(bound[a] >= rows for a, rows in exact.items()), (strategy, n)

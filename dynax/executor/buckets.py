@@ -18,3 +18,12 @@ def bucket(n: int) -> int:
     shift = max(0, n.bit_length() - 3)  # n >> shift is in 4..7 (or 8 when rounding up)
     m = -(-n >> shift)  # ceil(n / 2**shift)
     return m << shift
+
+
+def coarse_bucket(n: int) -> int:
+    """The padded size for ``n`` lanes on the coarse ladder, the powers of four from 4: for
+    batches whose padding costs next to nothing (``engine._lanes``)."""
+    b = 4
+    while b < n:
+        b *= 4
+    return b

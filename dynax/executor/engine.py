@@ -23,7 +23,7 @@ from ..batcher.strategies import schedule
 from ..device import get_device, zeros
 from ..errors import StaleExpressionError
 from ..ops.registry import AKEY_AVAL, CHEAP
-from .buckets import bucket
+from .buckets import bucket, coarse_bucket
 from .validity import check_argument_grads, check_block, check_forward, check_param_grads
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
                       compile_clear, forward_kernel, forward_run_kernel, load_block,
@@ -38,21 +38,41 @@ FUSE_RUNS = True  # consecutive batches of one kernel run as one lax.scan (see _
 FUSE_MIN_RUN = 2  # batches in a run, at the least, to fuse it
 FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
 REPLAN_MAX_LANES = 4  # forward batches this narrow on average: backward may plan again
+COARSE_MAX_WORK = 1 << 16  # padded lanes x a lane's work (elements), at most, for the
+# coarse ladder (_lanes): its padding then costs ~10 us at worst
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def _lanes(n: int) -> int:
-    """The lanes a batch of n nodes runs as: its bucket, and 2 for a lone node.
+def _lanes(n: int, sig) -> int:
+    """The lanes a batch of n nodes of ``sig`` runs as: its bucket, and 2 for a lone node.
+
+    Small batches of small work take the coarse ladder (``coarse_bucket``): where a padded
+    kernel's whole work is below ``COARSE_MAX_WORK`` elements, its padding costs
+    microseconds, while every bucket is a kernel to compile (50-300 ms). A GAT's per-degree
+    attention ops over 10 updates: 345 -> 211 compilations.
 
     A lone node runs as 2 lanes (the second repeats the first): in a 1-lane kernel XLA turns
     the row gather into a dynamic slice fused with the in-place write and copies the whole
     arena twice per call (seen in the compiled HLO), which made node-by-node execution cost
     grow with the arena.
     """
-    return bucket(n) if n > 1 else 2
+    if n == 1:
+        return 2
+    c = coarse_bucket(n)
+    return c if c * _lane_work(sig) <= COARSE_MAX_WORK else bucket(n)
+
+
+def _max_padding(n: int, sig) -> tuple:
+    """The most padding lanes of batches of ``sig`` over n nodes in all (``_lanes``): of
+    one batch, and of all of them together. On the fine ladder a batch of k nodes pads at
+    most k lanes; on the coarse one under 3k, and under its work bound."""
+    w = _lane_work(sig)
+    if 4 * w > COARSE_MAX_WORK:  # never coarse
+        return n, n
+    return max(n, min(3 * n, COARSE_MAX_WORK // w)), 3 * n
 
 
 class _AkeySizes(dict):
@@ -65,6 +85,7 @@ AKEY_SIZE = _AkeySizes()  # akey -> elements per value
 
 
 _PARAM_ELEMENTS: dict = {}  # signature id -> elements of its parameters
+_LANE_WORK: dict = {}  # signature id -> _lane_work
 
 
 def _param_elements(sig) -> int:
@@ -73,6 +94,16 @@ def _param_elements(sig) -> int:
     if n is None:
         n = _PARAM_ELEMENTS[sig.sid] = sum(int(np.prod(p.shape)) for p in sig.params)
     return n
+
+
+def _lane_work(sig) -> int:
+    """A lane's work, in elements: its parameters' (about its multiply-adds) or its values'
+    (what it reads and writes), whichever is larger."""
+    w = _LANE_WORK.get(sig.sid)
+    if w is None:
+        values = sum(AKEY_SIZE[a] for a in sig.in_akeys + sig.out_akeys)
+        w = _LANE_WORK[sig.sid] = max(1, _param_elements(sig), values)
+    return w
 
 
 @jax.jit
@@ -283,8 +314,8 @@ class Engine:
     def _rows(self, g, consts, lo: int, hi: int, plan=None) -> dict:
         """Per arena, the rows this forward pass can write at most (``_alloc``'s rule: rows
         used, plus the largest padding a write needs beyond them). Without the ``plan``, a
-        bound that holds for any: a batch of n nodes runs as B <= 2n lanes, and of the m
-        outputs of a node in one arena, all but the last take B rows."""
+        bound that holds for any (``_max_padding``): of the m outputs of a node in one
+        arena, all but the last take B rows."""
         used, slack = dict(g.rows), {}
 
         def add(a, rows, pad):
@@ -297,15 +328,16 @@ class Engine:
         if plan is not None:
             for nodes in plan:
                 n = len(nodes)
-                B = _lanes(n)
+                B = _lanes(n, sigs[nodes[0]])
                 outs = sigs[nodes[0]].out_akeys
                 for j, a in enumerate(outs):  # outputs of one arena: blocks of B, the last n
                     add(a, B if a in outs[j + 1:] else n, B - n)
         else:
             for sig, n in Counter(sigs[lo:hi]).items():
                 outs = sig.out_akeys
-                for a in set(outs):
-                    add(a, (2 * outs.count(a) - 1) * n, n)
+                one, total = _max_padding(n, sig)
+                for a in set(outs):  # outputs of one arena: blocks of B, the last n
+                    add(a, (outs.count(a) - 1) * (n + total) + n, one)
         return {a: rows + slack.get(a, 0) for a, rows in used.items()}
 
     def _fits(self, rows: dict) -> bool:
@@ -361,7 +393,7 @@ class Engine:
         nodes)``; its kernel is launched later (``_launch``), maybe with the next batches."""
         sig = g.node_sig[nodes[0]]
         n = len(nodes)
-        B = _lanes(n)
+        B = _lanes(n, sig)
         outs = g.node_out
         # where a gradient may flow, the forward kernel also saves the vjp residuals
         gflags = (_grad_flags(g, sig, nodes)

@@ -117,6 +117,8 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
     (lambda x: dx.pick_range(x, 0, 1, 2), dx.IndexOutOfRangeError, r"pick_range: dimension 2"),
     (lambda x: dx.pick_range(x, 0.0, 1), dx.InvalidArgumentError, r"pick_range: start"),
     (lambda x: dx.elu(x, "a"), dx.InvalidArgumentError, r"elu: alpha must be a number"),
+    (lambda x: dx.leaky_relu(x, None), dx.InvalidArgumentError,
+     r"leaky_relu: negative_slope must be a number"),
     (lambda x: dx.l1_distance(x, np.ones(3, np.float32)), dx.ShapeError,
      r"l1_distance: all arguments must have the same shape, got \(2, 3\), \(3,\)"),
     (lambda x: dx.bmax(x, np.ones(3, np.float32)), dx.ShapeError, r"bmax: shapes"),

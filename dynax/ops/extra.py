@@ -30,6 +30,7 @@ LOG_SIGMOID = _unary("log_sigmoid", jax.nn.log_sigmoid)
 CUBE = _unary("cube", lambda x: x * x * x)
 ERF = _unary("erf", jax.scipy.special.erf)
 ELU = OpDef("elu", lambda x, alpha: jax.nn.elu(x, alpha), CHEAP)
+LEAKY_RELU = OpDef("leaky_relu", lambda x, slope: jax.nn.leaky_relu(x, slope), CHEAP)
 NOBACKPROP = _unary("nobackprop", jax.lax.stop_gradient)
 # the value of x, the gradient of -x (Ganin & Lempitsky's gradient reversal)
 FLIP_GRADIENT = _unary("flip_gradient", lambda x: 2.0 * jax.lax.stop_gradient(x) - x)
@@ -66,6 +67,13 @@ def erf(x):
 def elu(x, alpha: float = 1.0):
     """Exponential linear unit: ``x`` if positive, else ``alpha * (exp(x) - 1)``."""
     return _single(ELU, x, "s", (_number("elu", "alpha", alpha),))
+
+
+def leaky_relu(x, negative_slope: float = 0.01):
+    """``x`` if positive, else ``negative_slope * x`` (PyTorch's default slope; a GAT's
+    attention scores use 0.2)."""
+    return _single(LEAKY_RELU, x, "s", (_number("leaky_relu", "negative_slope",
+                                                 negative_slope),))
 
 
 def nobackprop(x):
@@ -797,7 +805,7 @@ __all__ = ["acos", "acosh", "argmax", "asin", "asinh", "atan", "atanh", "average
            "const_lookup", "const_parameter", "constant", "contract3d_1d", "contract3d_1d_bias",
            "cos", "cosh", "cube", "cumsum", "cwise_multiply", "dropout_dim", "elu", "erf",
            "flip_gradient", "floor", "huber_distance", "inverse", "l1_distance", "l2_norm",
-           "layer_norm", "lgamma", "log_sigmoid", "logdet", "logsumexp", "logsumexp_dim",
+           "layer_norm", "leaky_relu", "lgamma", "log_sigmoid", "logdet", "logsumexp", "logsumexp_dim",
            "max_dim", "mean_dim", "mean_elems", "min_dim", "moment_dim", "moment_elems",
            "nobackprop", "noise", "pairwise_rank_loss", "pick_range", "pickrange", "poisson_loss",
            "pow", "round", "scale_gradient", "select_cols", "select_rows", "selu", "silu", "sin",

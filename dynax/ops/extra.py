@@ -17,9 +17,9 @@ import numpy as np
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
 from .core import (MAX_LIST, _all_same, _apply, _binary, _binop, _both, _checked_shape,
                    _dropout_rate, _indices_in_range, _int, _int_list, _list_op, _padded, _real,
-                   _reduced, _shape, _single, _tensor_node, _unary, _vector, _zero_like, atomic,
-                   cmult, draw_key, input, kept_and_scaled, lookup, parameter,
-                   seed_and_node_bounds, training_draw, zeros)
+                   _reduced, _shape, _single, _tensor_node, _unary, _vector, _zero_like, cmult,
+                   draw_key, input, kept_and_scaled, lookup, parameter, seed_and_node_bounds,
+                   training_draw, zeros)
 from .registry import CHEAP, HEAVY, INDEX_LIMIT, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------
@@ -319,7 +319,6 @@ def colwise_add(x, bias):
     return _apply(COLWISE_ADD, x, bias)
 
 
-@atomic
 def _logsumexp(*a):
     """``log(sum(exp))`` over the first ``n`` items (``a[-1]``), elementwise; the padding
     is masked out."""
@@ -805,9 +804,10 @@ __all__ = ["acos", "acosh", "argmax", "asin", "asinh", "atan", "atanh", "average
            "const_lookup", "const_parameter", "constant", "contract3d_1d", "contract3d_1d_bias",
            "cos", "cosh", "cube", "cumsum", "cwise_multiply", "dropout_dim", "elu", "erf",
            "flip_gradient", "floor", "huber_distance", "inverse", "l1_distance", "l2_norm",
-           "layer_norm", "leaky_relu", "lgamma", "log_sigmoid", "logdet", "logsumexp", "logsumexp_dim",
-           "max_dim", "mean_dim", "mean_elems", "min_dim", "moment_dim", "moment_elems",
-           "nobackprop", "noise", "pairwise_rank_loss", "pick_range", "pickrange", "poisson_loss",
-           "pow", "round", "scale_gradient", "select_cols", "select_rows", "selu", "silu", "sin",
-           "sinh", "softsign", "sparsemax", "sparsemax_loss", "squared_norm", "std_dim",
-           "std_elems", "sum_cols", "sum_dim", "tan", "trace_of_product", "weight_norm", "zeroes"]
+           "layer_norm", "leaky_relu", "lgamma", "log_sigmoid", "logdet", "logsumexp",
+           "logsumexp_dim", "max_dim", "mean_dim", "mean_elems", "min_dim", "moment_dim",
+           "moment_elems", "nobackprop", "noise", "pairwise_rank_loss", "pick_range", "pickrange",
+           "poisson_loss", "pow", "round", "scale_gradient", "select_cols", "select_rows", "selu",
+           "silu", "sin", "sinh", "softsign", "sparsemax", "sparsemax_loss", "squared_norm",
+           "std_dim", "std_elems", "sum_cols", "sum_dim", "tan", "trace_of_product", "weight_norm",
+           "zeroes"]

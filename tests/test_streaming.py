@@ -98,7 +98,6 @@ def test_a_streamed_plan_is_stored_for_reuse(monkeypatch):
     assert reused == [0, 0, 1]
 
 
-
 class _SmallCells:
     """Small two-output cells (h and c in one arena): the coarse ladder's case (up to 4x
     the nodes as lanes) where a node's outputs take blocks of B rows."""

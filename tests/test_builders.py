@@ -206,6 +206,33 @@ def test_state_api_and_errors():
         dx.nn.BiRNNBuilder(1, IN, 5, PC, dx.nn.LSTMBuilder)
 
 
+def test_a_missing_input_names_the_builder_call():
+    """None (a state's input that was never set) was turned into an object array and
+    refused by ``input`` as a dtype; it names the builder call and what it got, and adds
+    nothing to the graph."""
+    gru = dx.nn.GRUBuilder(1, IN, HID, PC)
+    tree = dx.nn.ChildSumTreeLSTMBuilder(IN, HID, PC)
+    softmax = dx.nn.StandardSoftmaxBuilder(HID, 5, PC)
+    bi = dx.nn.BiRNNBuilder(1, IN, 2 * HID, PC, dx.nn.LSTMBuilder)
+    cg = dx.renew_cg()
+    s0 = gru.initial_state()
+    leaf, x = tree.node(dx.input(_rand(IN)), []), dx.input(_rand(IN))
+    before = cg.stats()["nodes"], len(cg.val_node)
+    for call, match in (
+            (lambda: s0.add_input(None), r"GRUBuilder.add_input: input must be an Expression, "
+                                         r"a Parameter or an array, got NoneType None"),
+            (lambda: gru.initial_state([None]), r"GRUBuilder.initial_state: vector 0 must be"),
+            (lambda: tree.node(None, [(leaf[0], None)]),
+             r"ChildSumTreeLSTMBuilder.node: child 0 c must be .* got NoneType"),
+            (lambda: softmax.neg_log_softmax(None, 0),
+             r"StandardSoftmaxBuilder.neg_log_softmax: h must be"),
+            (lambda: bi.add_inputs([x, None]),
+             r"BiRNNBuilder.add_inputs: input 1 must be")):
+        with pytest.raises(dx.ArgumentTypeError, match=match):
+            call()
+        assert (cg.stats()["nodes"], len(cg.val_node)) == before
+
+
 def test_parameters_layout():
     pc = dx.ParameterCollection(seed=1)
     l1, l2 = dx.nn.LSTMBuilder(2, IN, HID, pc), dx.nn.LSTMBuilder(1, IN, HID, pc)

@@ -195,6 +195,16 @@ def test_input_wrong_dtype(value, dtype):
     check_message(ei.value, "input", dtype)
 
 
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 0)])
+def test_input_without_elements_refused(shape):
+    """An empty array was taken (softmax of it computed []) while an empty slice was refused:
+    no expression has zero elements, and nothing is added."""
+    cg = dx.renew_cg()
+    with pytest.raises(dx.ShapeError, match=r"input: shape \(.*\) has no element"):
+        dx.input(np.zeros(shape, np.float32))
+    assert cg.stats()["nodes"] == 0 and not cg.val_node
+
+
 def test_input_nonfinite_accepted():
     dx.renew_cg()
     vals = np.array([np.nan, np.inf, -np.inf, 1.0])
@@ -536,3 +546,16 @@ def test_scalar_value_of_a_vector_names_the_line():
                                             r"one element; use value\(\) .*test_errors.py"):
         e.scalar_value()
     assert cg.stats()["batches"] == 0
+
+
+@pytest.mark.parametrize("shape, hint", [((), True), ([], True), ((0,), False),
+                                         ((3, -1), False), ((2.0,), False), ("a", False),
+                                         ((True,), False)])
+def test_parameter_shapes_must_be_positive_ints(shape, hint):
+    """Parameters are refused with zero, negative or non-int sizes; a scalar one (shape ())
+    is pointed to (1,), as in DyNet, where a parameter has at least one dimension."""
+    pc = dx.ParameterCollection(seed=0)
+    with pytest.raises(dx.InvalidArgumentError, match="add_parameters: invalid shape") as ei:
+        pc.add_parameters(shape)
+    assert ("shape (1,)" in str(ei.value)) == hint
+    assert not list(pc.parameters())

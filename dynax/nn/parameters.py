@@ -335,8 +335,9 @@ class ParameterCollection:
         ok = isinstance(shape, (tuple, list)) and all(
             isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in shape)
         if not ok or not shape or any(s <= 0 for s in shape):
+            hint = " (a scalar parameter, as in DyNet: shape (1,))" if ok and not shape else ""
             raise InvalidArgumentError(f"add_parameters: invalid shape {shape!r}; expected "
-                                       "a tuple of positive ints")
+                                       f"a tuple of positive ints{hint}")
         shape = tuple(int(s) for s in shape)
         full = self._unique_name(name, kind)
         counter = self._root._counter

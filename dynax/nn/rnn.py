@@ -151,13 +151,17 @@ def _frozen(params) -> tuple:
     return tuple(out)
 
 
-def _as_expr(x):
-    """A builder's vector argument as an Expression: a Parameter joins the graph as itself
-    (a learned start vector or initial state), an array as a constant."""
+def _as_expr(x, who: str, what: str):
+    """A builder's vector argument ``what`` of ``who`` as an Expression: a Parameter joins
+    the graph as itself (a learned start vector or initial state), an array as a constant;
+    anything else (None: a state's missing input) is refused, naming the builder call."""
     if type(x) is Expression:
         return x
     if isinstance(x, Parameter):
         return ops.parameter(x)
+    if not isinstance(x, (np.ndarray, jax.Array, list, tuple)):
+        raise ArgumentTypeError(f"{who}: {what} must be an Expression, a Parameter or an "
+                                f"array, got {type(x).__name__} {x!r}")
     return ops.input(x)
 
 
@@ -180,7 +184,7 @@ def _vector_arg(who, what, x, dim):
 
 
 def _converted_vector(who, what, x, dim):
-    x = _as_expr(x)
+    x = _as_expr(x, who, what)
     _check_vector(who, what, x, dim)
     return x
 
@@ -217,7 +221,7 @@ class RNNState:
             raise StaleExpressionError(f"{who}: this state belongs to a computation graph "
                                        f"{g.retired_because}; start again from "
                                        "initial_state() on the current graph")
-        x = _as_expr(x)
+        x = _as_expr(x, who, "input")
         _check_vector(who, "input", x, b.input_dim)
         new, inp, masks = [], x, self.masks
         for layer, (params, state) in enumerate(zip(self.params or b.params, self.layers)):
@@ -394,7 +398,7 @@ class _RNNBuilder:
             z = ops.zeros((self.hidden_dim,))
             layers = tuple((z,) * n for _ in range(L))
         else:
-            vecs = [_as_expr(v) for v in vecs]
+            vecs = [_as_expr(v, who, f"vector {k}") for k, v in enumerate(vecs)]
             if len(vecs) != n * L:
                 raise InvalidArgumentError(
                     f"{who}: expected {n * L} vectors ({n} per layer for {L} layers), "
@@ -588,7 +592,7 @@ def _both_directions(fwd, bwd, xs, split: bool = False):
     if split:
         xf = xs
     else:
-        xs = [_as_expr(x) for x in xs]
+        xs = [_as_expr(x, "BiRNNBuilder.add_inputs", f"input {k}") for k, x in enumerate(xs)]
         for x in xs:
             _check_vector("BiRNNBuilder.add_inputs", "input", x, fwd.input_dim)
         xf = [(x,) for x in xs]

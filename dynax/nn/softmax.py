@@ -69,7 +69,7 @@ class StandardSoftmaxBuilder:
     def neg_log_softmax(self, h, label: int, update: bool = True) -> Expression:
         """``-log p(label | h)`` (a scalar), as one node (``label`` is per-instance data)."""
         W, b = _weights("StandardSoftmaxBuilder.neg_log_softmax", update, (self.W, self.b))
-        h = _as_expr(h)
+        h = _as_expr(h, "StandardSoftmaxBuilder.neg_log_softmax", "h")
         _check_vector("StandardSoftmaxBuilder", "h", h, self.input_dim)
         if b is None:
             return ops._node(LINEAR_NLL, "v" + _kind(W) + "i", [h, W, label])

@@ -54,7 +54,7 @@ def _pairwise_sum(xs):
 def _check_pair(who, what, pair, dim):
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
         raise InvalidArgumentError(f"{who}: {what} must be an (h, c) pair, got {pair!r}")
-    h, c = _as_expr(pair[0]), _as_expr(pair[1])
+    h, c = _as_expr(pair[0], who, f"{what} h"), _as_expr(pair[1], who, f"{what} c")
     _check_vector(who, f"{what} h", h, dim)
     _check_vector(who, f"{what} c", c, dim)
     return h, c
@@ -144,7 +144,7 @@ class ChildSumTreeLSTMBuilder:
         ``x`` may be None (a node without input, e.g. an internal constituency node): zeros.
         """
         who = "ChildSumTreeLSTMBuilder.node"
-        x = ops.zeros((self.input_dim,)) if x is None else _as_expr(x)
+        x = ops.zeros((self.input_dim,)) if x is None else _as_expr(x, who, "x")
         _check_vector(who, "x", x, self.input_dim)
         pairs = [_check_pair(who, f"child {k}", ch, self.hidden_dim)
                  for k, ch in enumerate(children)]

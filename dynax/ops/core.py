@@ -255,6 +255,9 @@ def input(value) -> Expression:  # noqa: A001  (DyNet's name)
                                    or arr.dtype == np.bool_):
         raise DTypeError(f"input: unsupported dtype {arr.dtype} (shape {arr.shape}); "
                          "give real numbers (float, int or bool)")
+    if arr.size == 0:  # as a slice or a parameter: softmax([]) would compute []
+        raise ShapeError(f"input: shape {arr.shape} has no element; an expression has at "
+                         "least one element")
     arr = np.array(arr, dtype=FLOAT)  # a copy: later changes to the caller's array don't leak
     g = current_graph()
     return Expression(g, g.add_constant(arr, akey_of(arr.shape, FLOAT)))

@@ -5,6 +5,9 @@ Kernels are cached per padded batch size, so the ladder trades compilations agai
 (4, 5, 6, 7 times a power of two), so at most 25% of a large batch is padding where powers of
 two alone waste up to 50% (measured: a 1515-leaf Tree-LSTM batch padded to 2048 instead of
 1792).
+
+Batches of small work take a coarser ladder, the powers of four (``coarse_bucket``): there
+padding costs microseconds and each size saved is a compilation saved (``engine._lanes``).
 """
 
 

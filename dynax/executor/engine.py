@@ -50,7 +50,7 @@ def _lanes(n: int, sig) -> int:
     """The lanes a batch of n nodes of ``sig`` runs as: its bucket, and 2 for a lone node.
 
     Small batches of small work take the coarse ladder (``coarse_bucket``): where a padded
-    kernel's whole work is below ``COARSE_MAX_WORK`` elements, its padding costs
+    kernel's whole work is at most ``COARSE_MAX_WORK`` elements, its padding costs
     microseconds, while every bucket is a kernel to compile (50-300 ms). A GAT's per-degree
     attention ops over 10 updates: 345 -> 195 compilations.
 

@@ -506,7 +506,7 @@ def test_a_function_jax_cannot_differentiate_runs_for_decisions(strategy):
     """A callback without a JVP rule cannot save vjp residuals in a training forward: it
     runs values-only instead (a model may decide with it), a loss that does not depend on
     it gets jax.grad's gradient, and a backward that would need it is refused, naming the
-    op, before anything is accumulated. An evaluation graph computes it as well."""
+    op and why its training forward failed, before anything is accumulated. An evaluation graph computes it as well."""
     def host_round(a):
         return np.round(a).astype(np.float32)
 
@@ -525,11 +525,13 @@ def test_a_function_jax_cannot_differentiate_runs_for_decisions(strategy):
         np.testing.assert_array_equal(d.npvalue(), np.round(np.asarray(W.value) @ x))
     dx.esum([dx.sum_elems(dx.tanh(h)) for h in hs]).backward()
     want = jax.grad(lambda w: sum(jnp.sum(jnp.tanh(w @ x)) for x in xs))(jnp.asarray(W.value))
-    np.testing.assert_allclose(W.grad, want, rtol=1e-5, atol=1e-6)
+    # atol: entries up to ~3 summed over 3 instances, one of them cancelling to ~0.09
+    np.testing.assert_allclose(W.grad, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="backward: the loss depends on '.*rounded'.*cannot "
-                                         "differentiate"):
+                                         "differentiate .its training forward failed: "
+                                         "ValueError: Pure callbacks do not support JVP"):
         dx.sum_elems(decisions[1] * hs[1]).backward()
-    np.testing.assert_allclose(W.grad, want, rtol=1e-5, atol=1e-6)  # nothing accumulated
+    np.testing.assert_allclose(W.grad, want, rtol=1e-5, atol=1e-5)  # nothing accumulated
     dx.renew_cg(train=False, autobatch=strategy)
     np.testing.assert_array_equal(rounded(W @ dx.input(xs[0])).npvalue(),
                                   np.round(np.asarray(W.value) @ xs[0]))

@@ -472,12 +472,15 @@ def _to_numpy(a):
                                        (_to_numpy, "TracerArrayConversionError")])
 def test_tracing_errors_in_a_function_reach_the_user_as_they_are(fn, error):
     """A function's own misuse of traced values raises JAX's error with its advice, not a
-    ShapeError about the arguments; and the graph is unchanged."""
+    ShapeError about the arguments, with a note naming the function and its arguments (the
+    message names neither); and the graph is unchanged."""
     g = dx.renew_cg()
     x = dx.input(np.ones(4, np.float32))
     with pytest.raises(getattr(jax.errors, error)) as info:
         fn(x)
     assert not isinstance(info.value, dx.ShapeError)
+    note = "\n".join(getattr(info.value, "__notes__", []))
+    assert f"while tracing {fn.__name__}((4,))" in note, note
     assert g.stats()["nodes"] == 0
 
 

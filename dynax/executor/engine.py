@@ -28,6 +28,7 @@ from .validity import check_argument_grads, check_block, check_forward, check_pa
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
                       compile_clear, forward_kernel, forward_run_kernel, load_block,
                       packet_offsets, seed_gradient)
+from .work import AKEY_SIZE, lane_work, param_elements
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
 ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)
@@ -62,48 +63,17 @@ def _lanes(n: int, sig) -> int:
     if n == 1:
         return 2
     c = coarse_bucket(n)
-    return c if c * _lane_work(sig) <= COARSE_MAX_WORK else bucket(n)
+    return c if c * lane_work(sig) <= COARSE_MAX_WORK else bucket(n)
 
 
 def _max_padding(n: int, sig) -> tuple:
     """The most padding lanes of batches of ``sig`` over n nodes in all (``_lanes``): of
     one batch, and of all of them together. On the fine ladder a batch of k nodes pads at
     most k lanes; on the coarse one under 3k, and under its work bound."""
-    w = _lane_work(sig)
+    w = lane_work(sig)
     if 4 * w > COARSE_MAX_WORK:  # never coarse
         return n, n
     return max(n, min(3 * n, COARSE_MAX_WORK // w)), 3 * n
-
-
-class _AkeySizes(dict):
-    def __missing__(self, akey):
-        size = self[akey] = int(np.prod(AKEY_AVAL[akey].shape, dtype=np.int64))
-        return size
-
-
-AKEY_SIZE = _AkeySizes()  # akey -> elements per value
-
-
-_PARAM_ELEMENTS: dict = {}  # signature id -> elements of its parameters
-_LANE_WORK: dict = {}  # signature id -> _lane_work
-
-
-def _param_elements(sig) -> int:
-    """Elements of a signature's parameters: per lane, about the multiply-adds of a step."""
-    n = _PARAM_ELEMENTS.get(sig.sid)
-    if n is None:
-        n = _PARAM_ELEMENTS[sig.sid] = sum(int(np.prod(p.shape)) for p in sig.params)
-    return n
-
-
-def _lane_work(sig) -> int:
-    """A lane's work, in elements: its parameters' (about its multiply-adds) or its values'
-    (what it reads and writes), whichever is larger."""
-    w = _LANE_WORK.get(sig.sid)
-    if w is None:
-        values = sum(AKEY_SIZE[a] for a in sig.in_akeys + sig.out_akeys)
-        w = _LANE_WORK[sig.sid] = max(1, _param_elements(sig), values)
-    return w
 
 
 @jax.jit
@@ -288,16 +258,15 @@ class Engine:
         except Exception as e:
             nodes = run[0][5]
             _undo_launch(g, sig, *before)
-            if run[0][3] is not None and self._launch_values_only(g, run):
+            if run[0][3] is not None and self._launch_values_only(g, run, e):
                 return  # it failed saving residuals, and runs without
             what = (f"a batch of {sum(len(s[5]) for s in run)} '{sig.op.name}' node(s) (the "
                     f"first built as node {nodes[0]})")
-            first_line = str(e).splitlines()[0] if str(e) else ""
-            g.failed = f"{what} failed: {type(e).__name__}: {first_line}"
+            g.failed = f"{what} failed: {type(e).__name__}: {_first_line(e)}"
             e.add_note(f"dynax: while running {what}")
             raise
 
-    def _launch_values_only(self, g, run) -> bool:
+    def _launch_values_only(self, g, run, error: Exception) -> bool:
         """Launch ``run`` without vjp residuals; whether it ran. If it did, the signature
         runs so from now on, and a backward that needs it is refused before any kernel
         runs (``_check_backward_possible``)."""
@@ -308,7 +277,7 @@ class Engine:
         except Exception:
             _undo_launch(g, sig, *before)
             return False
-        sig.values_only = True
+        sig.values_only = f"{type(error).__name__}: {_first_line(error)}"
         return True
 
     def _rows(self, g, consts, lo: int, hi: int, plan=None) -> dict:
@@ -422,7 +391,7 @@ class Engine:
         ones run one launch each (measured on the synthetic BiLSTM's 64-lane steps: a scan
         costs the device more than the launches it saves)."""
         sig, modes, B, gflags = run[0][:4]
-        fuse = len(run) >= FUSE_MIN_RUN and B * _param_elements(sig) <= FUSE_MAX_MACS
+        fuse = len(run) >= FUSE_MIN_RUN and B * param_elements(sig) <= FUSE_MAX_MACS
         step = forward_kernel(sig, modes, B, gflags)
         while run:
             T = 1 << (len(run).bit_length() - 1) if fuse else 1
@@ -707,6 +676,10 @@ def _add_arguments(packet: list, g, sig, modes, all_rows, B: int, nodes) -> None
             packet += [xs[0]] * (B - n)
 
 
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else ""
+
+
 def _undo_launch(g, sig, n_kernels: int, n_batches: int, n_launches: int) -> None:
     """Forget a failed launch: the kernels it made (cached in insertion order; one may be
     what failed to trace or compile, and later graphs would reuse it: an evaluation reuses
@@ -729,9 +702,9 @@ def _check_backward_possible(g, loss_node: int, live, full: bool) -> None:
             raise ValueError(
                 f"backward: the loss depends on '{b.sig.op.name}' (a batch of {len(b.nodes)} "
                 f"node(s), the first built as node {b.nodes[0]}), which JAX cannot "
-                "differentiate (its training forward failed: e.g. a callback without a JVP "
-                "rule); use its values for decisions only, or give the function a "
-                "jax.custom_jvp")
+                f"differentiate (its training forward failed: {b.sig.values_only}); use its "
+                "values for decisions only or, for a callback without a JVP rule, give the "
+                "function a jax.custom_jvp")
         changed = [p for p, v in zip(b.sig.params, b.param_values) if p._value is not v]
         if changed and any(_needed(b.nodes, loss_node, live)):
             raise StaleExpressionError(

@@ -104,9 +104,9 @@ class Signature:
         self.n_ints = kinds.count("i")
         self.has_params = bool(params)
         self.kernels: dict = {}  # executor's cache of jitted kernels (shared, see below)
-        # its forward cannot save vjp residuals (a callback without a JVP rule): training
-        # graphs run it values-only, and a backward that needs it says it cannot
-        self.values_only = False
+        # why its forward cannot save vjp residuals (a callback without a JVP rule), or '':
+        # training graphs run it values-only, and a backward that needs it says it cannot
+        self.values_only = ""
 
     def __repr__(self):
         return f"Signature({self.op.name}, {self.kinds}, sid={self.sid})"
@@ -214,8 +214,14 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
     _BODY.depth = getattr(_BODY, "depth", 0) + 1
     try:
         out = jax.eval_shape(call, *[avals[i] for i in shaped_positions])
-    except (*_TRACING_ERRORS, DynaxError):  # Python control flow on a traced value, with
-        raise  # JAX's own advice; a dynax op used inside the body, with its own
+    except _TRACING_ERRORS as e:  # Python control flow on a traced value: JAX's error
+        # and advice, and which function, called how (the message names neither)
+        e.add_note(f"dynax: while tracing {op.name}({describe(kinds, key_items)}), which "
+                   "runs once per signature on abstract values: branch with jnp.where or "
+                   "lax.cond, or decide outside the function on a .value()")
+        raise
+    except DynaxError:  # a dynax op used inside the body, with its own message
+        raise
     except (TypeError, ValueError) as e:  # what JAX raises on incompatible shapes; any
         # other exception is a bug in the function itself and reaches the user as it is
         raise ShapeError(f"{op.name}: incompatible arguments ({describe(kinds, key_items)}): "

@@ -506,7 +506,8 @@ def test_a_function_jax_cannot_differentiate_runs_for_decisions(strategy):
     """A callback without a JVP rule cannot save vjp residuals in a training forward: it
     runs values-only instead (a model may decide with it), a loss that does not depend on
     it gets jax.grad's gradient, and a backward that would need it is refused, naming the
-    op and why its training forward failed, before anything is accumulated. An evaluation graph computes it as well."""
+    op and why its training forward failed, before anything is accumulated. An evaluation
+    graph computes it as well."""
     def host_round(a):
         return np.round(a).astype(np.float32)
 

@@ -142,21 +142,56 @@ def test_numpy_integer_is_per_instance(model, strategy, int_type):
 
 
 def test_numpy_integer_checked():
-    """A negative per-instance integer is refused at construction, naming the function;
-    nothing is added to the graph."""
+    """A per-instance integer that the function uses as an index (``[label]``) is checked
+    against what it indexes, at construction, naming the function (JAX would clamp it: a
+    label past the output layer would silently read the last class); nothing is added."""
     pc = dx.ParameterCollection(seed=0)
     Wo, bo = pc.add_parameters((C, H)), pc.add_parameters((C,))
     cg = dx.renew_cg()
     h = dx.input(np.ones(H, np.float32))
-    root_loss_cell(h, Wo, bo, np.int64(2))  # compiles the appender for this pattern
+    root_loss_cell(h, Wo, bo, np.int64(C - 1))  # compiles the appender for this pattern
     n = cg.stats()["nodes"]
-    with pytest.raises(dx.IndexOutOfRangeError,
-                       match=r"root_loss_cell: int argument -1 is outside \[0, 2\*\*31 - 1\)"
-                             r".*JAX clamps an index past the end\): check them before"):
-        root_loss_cell(h, Wo, bo, np.int64(-1))
-    with pytest.raises(dx.IndexOutOfRangeError, match=r"int argument 2147483648 is outside"):
-        root_loss_cell(h, Wo, bo, np.int64(2**31))
+    for bad in (C, -1, 2**31):
+        with pytest.raises(dx.IndexOutOfRangeError,
+                           match=rf"root_loss_cell: index {bad} \(int argument 1 of 1\) out of "
+                                 rf"range \[0, {C}\), what the function indexes with it"):
+            root_loss_cell(h, Wo, bo, np.int64(bad))
     assert cg.stats()["nodes"] == n
+
+
+@dx.function
+def _shifted_read(x, i):  # i + 1 indexes: i has no bound of its own
+    return x[i + 1]
+
+
+@dx.function
+def _two_indices(x, E, i, j):  # i indexes two axes (4 and 3 rows): the smaller bounds it
+    return x[i] * E[i, j] + E[2, j]
+
+
+def test_numpy_integer_bounds_follow_its_uses_as_an_index():
+    """An integer used as an index as it is gets that axis as its bound (the smallest of
+    several uses; each integer its own); one used after arithmetic only the int32 range,
+    and JAX's clamping is the user's to check; values as in JAX."""
+    x = np.arange(1.0, 5.0, dtype=np.float32)[:3]  # 3 entries
+    E = np.arange(12.0, dtype=np.float32).reshape(4, 3)
+    cg = dx.renew_cg()
+    xe, Ee = dx.input(x), dx.input(E)
+    n = cg.stats()["nodes"]
+    assert _two_indices(xe, Ee, np.int32(2), np.int32(1)).value() == x[2] * E[2, 1] + E[2, 1]
+    with pytest.raises(dx.IndexOutOfRangeError, match=r"index 3 \(int argument 1 of 2\) out "
+                                                       r"of range \[0, 3\)"):
+        _two_indices(xe, Ee, np.int32(3), np.int32(0))
+    with pytest.raises(dx.IndexOutOfRangeError, match=r"index 3 \(int argument 2 of 2\) out "
+                                                       r"of range \[0, 3\)"):
+        _two_indices(xe, Ee, np.int32(0), np.int32(3))
+    assert _shifted_read(xe, np.int32(1)).value() == x[2]
+    assert _shifted_read(xe, np.int32(5)).value() == x[2]  # JAX clamps: documented
+    with pytest.raises(dx.IndexOutOfRangeError,
+                       match=r"_shifted_read: int argument -1 is outside \[0, 2\*\*31 - 1\)"
+                             r".*not after arithmetic"):
+        _shifted_read(xe, np.int32(-1))
+    assert cg.stats()["nodes"] == n + 3  # the calls that were not refused
 
 
 def test_nested_function_calls_inline():

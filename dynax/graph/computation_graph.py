@@ -18,7 +18,8 @@ import numpy as np
 
 from ..errors import (ArgumentTypeError, IndexOutOfRangeError, InvalidArgumentError,
                       StaleExpressionError)
-from ..ops.registry import AKEY_AVAL, SIG_CACHE, akey_of, describe, signature_for
+from ..ops.registry import (AKEY_AVAL, INDEX_LIMIT, SIG_CACHE, akey_of, describe,
+                            signature_for)
 from ..sites import user_site
 
 _FLOAT = np.dtype(np.float32)
@@ -238,13 +239,19 @@ class ComputationGraph:
                     f"{sig.op.name}: index must be an integer, got {ints[i]!r} "
                     f"(arguments: {describe(kinds, tuple(key))})")
             if not 0 <= x < hi:
+                if sig.op.index_bounds is None and hi < INDEX_LIMIT:  # what it indexes
+                    raise IndexOutOfRangeError(
+                        f"{sig.op.name}: index {x} (int argument {i + 1} of "
+                        f"{len(sig.bounds)}) out of range [0, {hi}), what the function "
+                        f"indexes with it (arguments: {describe(kinds, tuple(key))}); "
+                        "JAX would clamp it there")
                 if sig.op.index_bounds is None:  # a dx.function's integer data
                     raise IndexOutOfRangeError(
                         f"{sig.op.name}: int argument {x} is outside [0, 2**31 - 1), the "
                         f"range of a dx.function's per-instance ints (arguments: "
                         f"{describe(kinds, tuple(key))}). What they index inside the "
-                        "function is not checked (JAX clamps an index past the end): "
-                        "check them before the call")
+                        "function is checked where they are an index as they are (x[i]), "
+                        "not after arithmetic (JAX clamps an index past the end)")
                 raise IndexOutOfRangeError(
                     f"{sig.op.name}: index {x} out of range [0, {hi}) "
                     f"(arguments: {describe(kinds, tuple(key))})")

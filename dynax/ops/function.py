@@ -56,9 +56,10 @@ class Function:
     differ only in those integers share one signature and run as one kernel (a Python int
     there would be static: one signature, so one batch, per distinct value). They must be
     in ``[0, 2**31 - 1)``; index with them as ``x[i]`` (a dynamic index inside ``fn``).
-    dynax cannot check them against what they index there, and JAX clamps an index past
-    the end (``x[10]`` of a 5-vector reads ``x[4]``): check labels before the call, or pick
-    outside the function (``dx.pick`` and ``dx.pickneglogsoftmax`` check their bounds).
+    JAX clamps an index past the end (``x[10]`` of a 5-vector reads ``x[4]``), so where
+    ``fn`` indexes with one as it is (``x[i]``, ``E[i, j]``, ``lax.dynamic_slice``), a call
+    with a value past that axis is refused (``ops/index_uses.py``); after arithmetic
+    (``x[i + 1]``) it is not checked: check such integers before the call.
     """
 
     def __init__(self, fn):

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ArgumentTypeError, DynaxError, ShapeError
+from .index_uses import index_bounds
 
 CHEAP, HEAVY = 0, 1
 INDEX_LIMIT = 2**31 - 1  # int32: the bound of an 'i' argument with no op-specific one
@@ -197,7 +198,7 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
         op.check(avals, tuple(statics))
     if op.index_bounds is not None:
         bounds = tuple(op.index_bounds(avals))
-    else:  # no op-specific bound (a dx.function's integers): any non-negative int32
+    else:  # a dx.function's integers: what they index in its jaxpr, or any int32 (below)
         bounds = (INDEX_LIMIT,) * kinds.count("i")
 
     def abstract(*args):
@@ -213,7 +214,14 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
 
     _BODY.depth = getattr(_BODY, "depth", 0) + 1
     try:
-        out = jax.eval_shape(call, *[avals[i] for i in shaped_positions])
+        shaped = [avals[i] for i in shaped_positions]
+        if op.index_bounds is None and "i" in kinds:
+            closed, out = jax.make_jaxpr(call, return_shape=True)(*shaped)
+            found = index_bounds(closed, [j for j, i in enumerate(shaped_positions)
+                                          if kinds[i] == "i"])
+            bounds = tuple(INDEX_LIMIT if b is None else b for b in found)
+        else:
+            out = jax.eval_shape(call, *shaped)
     except _TRACING_ERRORS as e:  # Python control flow on a traced value: JAX's error
         # and advice, and which function, called how (the message names neither)
         e.add_note(f"dynax: while tracing {op.name}({describe(kinds, key_items)}), which "

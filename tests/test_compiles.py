@@ -289,3 +289,31 @@ def test_small_kernels_compile_without_llvm_optimisation(strategy, monkeypatch):
     assert all(o is None for o in slow.values()), slow
     if strategy == "agenda":  # 5 batches of 4 lanes in a row: a fused scan, both passes
         assert any("_fwd_B4_T" in n for n in quick) and any("_bwd_B4_T" in n for n in quick)
+
+
+@pytest.mark.parametrize("strategy", ["agenda", "none"])
+def test_after_jax_clear_caches_a_second_identical_step_compiles_nothing(strategy):
+    """``jax.clear_caches()`` drops every executable, the gradient-clearing kernel that a
+    backward pass compiles ahead for the next pass's use included: the pass after it
+    compiles again, and the one after that nothing (a memo of what was compiled ahead
+    outlived the cache and left that compilation to the next pass, counted there)."""
+    @dx.function
+    def cleared_cell(x, W):
+        return jnp.tanh(W @ x)
+
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 4))
+    xs = np.random.default_rng(2).standard_normal((40, 4)).astype(np.float32)
+
+    def step(n):  # n instances: the gradient rows the next pass clears follow n
+        cg = dx.renew_cg(autobatch=strategy)
+        loss = dx.esum([dx.sum_elems(cleared_cell(dx.input(x), W)) for x in xs[:n]])
+        loss.backward()
+        W.zero_grad()
+        return cg.stats()["compiles"]
+
+    step(5)  # leaves 5 instances' rows to clear, and compiles their clearing ahead
+    step(40)
+    jax.clear_caches()
+    assert step(5) > 0  # clears 40's rows; leaves 5's, whose clearing must compile again
+    assert step(5) == 0

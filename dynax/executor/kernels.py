@@ -471,9 +471,25 @@ def _clear(garena, rows: int):
 
 
 # a used gradient arena's first ``rows`` rows set to zero, in place, for the next backward
-clear_rows = jax.jit(_clear, static_argnums=(1,), donate_argnums=(0,))
+_clear_rows = jax.jit(_clear, static_argnums=(1,), donate_argnums=(0,))
 
 _CLEARS_COMPILED: set = set()  # (shape, dtype, sharding, rows) compiled ahead of their use
+
+
+def _forget_if_caches_cleared() -> None:
+    """Forget what ``compile_clear`` compiled if the clearing kernel has no executable its
+    calls can reach: never called yet, or ``jax.clear_caches()`` ran since (it empties
+    every jitted function's cache; the stale memo left the compilation to a later pass,
+    which counted it). Nothing where JAX does not say."""
+    size = getattr(_clear_rows, "_cache_size", None)
+    if size is not None and size() == 0:
+        _CLEARS_COMPILED.clear()
+
+
+def clear_rows(garena, rows: int):
+    """``garena`` with its first ``rows`` rows set to zero, in place (donated)."""
+    _forget_if_caches_cleared()  # before the call refills the cache
+    return _clear_rows(garena, rows)
 
 
 def compile_clear(garena, rows: int) -> None:
@@ -483,7 +499,8 @@ def compile_clear(garena, rows: int) -> None:
     keeps the first pass the one that compiles, so a second identical step compiles
     nothing."""
     key = (garena.shape, garena.dtype, garena.sharding, rows)
+    _forget_if_caches_cleared()
     if key not in _CLEARS_COMPILED:
         aval = jax.ShapeDtypeStruct(garena.shape, garena.dtype, sharding=garena.sharding)
-        clear_rows.lower(aval, rows).compile()
+        _clear_rows.lower(aval, rows).compile()
         _CLEARS_COMPILED.add(key)

@@ -317,3 +317,85 @@ def test_after_jax_clear_caches_a_second_identical_step_compiles_nothing(strateg
     jax.clear_caches()
     assert step(5) > 0  # clears 40's rows; leaves 5's, whose clearing must compile again
     assert step(5) == 0
+
+
+def test_a_passes_new_kernels_compile_side_by_side_on_the_pool(strategy, monkeypatch):
+    """The new kernels of a pass, forward and backward, are lowered on the graph's thread
+    and compiled on ``ahead.py``'s pool before their launches; the graph counts those
+    compilations as its own (as many as with the lookahead off), a second graph of the same
+    shapes compiles nothing, and values and gradients match JAX either way."""
+    import threading
+
+    from dynax.executor import ahead, engine
+
+    @dx.function
+    def pool_cell(h, x, W):
+        return jnp.tanh(W @ h + x)
+
+    @dx.function
+    def pool_read(h, v):
+        return jnp.sum(v * h)
+
+    pc = dx.ParameterCollection(seed=0)
+    W, v = pc.add_parameters((3, 3)), pc.add_parameters((3,))
+    rng = np.random.default_rng(1)
+    xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (2, 4, 5)]
+
+    def reference(w, vv):
+        total = 0.0
+        for seq in xs:
+            h = jnp.zeros(3)
+            for x in seq:
+                h = jnp.tanh(w @ h + x)
+            total = total + jnp.sum(vv * h)
+        return total
+
+    want, grads = jax.value_and_grad(reference, argnums=(0, 1))(W.value, v.value)
+    submitted, threads = [], set()
+    submit = ahead.Ahead.submit
+
+    def spy_submit(self, fn, args):
+        submitted.append(fn.__name__)
+        return submit(self, fn, args)
+
+    def on_compile(name, *args, **kwargs):
+        if name == "/jax/core/compile/backend_compile_duration":
+            threads.add(threading.current_thread().name)
+
+    monkeypatch.setattr(ahead.Ahead, "submit", spy_submit)
+    jax.monitoring.register_event_duration_secs_listener(on_compile)
+
+    def one_pass():
+        cg = dx.renew_cg(autobatch=strategy)
+        terms = []
+        for seq in xs:
+            h = dx.input(np.zeros(3, np.float32))
+            for x in seq:
+                h = pool_cell(h, dx.input(x), W)
+            terms.append(pool_read(h, v))
+        loss = dx.esum(terms)
+        value = loss.value()
+        loss.backward()
+        assert value == pytest.approx(float(want), rel=1e-5)
+        np.testing.assert_allclose(W.grad, grads[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(v.grad, grads[1], rtol=1e-4, atol=1e-5)
+        W.zero_grad()
+        v.zero_grad()
+        return cg.stats()["compiles"]
+
+    one_pass()  # arenas and parameter buffers made, as for the passes compared
+    jax.clear_caches()  # every kernel of the pass new
+    threads.clear()
+    submitted.clear()
+    with_pool = one_pass()
+    threads_used, names = set(threads), list(submitted)
+    again = one_pass()
+    monkeypatch.setattr(engine, "AHEAD_COMPILE", False)
+    jax.clear_caches()
+    submitted.clear()
+    without = one_pass()
+
+    assert any("pool_cell_fwd" in n for n in names) and any("pool_cell_bwd" in n for n in names)
+    assert any(t.startswith("dynax-compile") for t in threads_used), threads_used
+    assert with_pool == without > 0 and again == 0
+    assert not submitted  # off: each kernel compiled on its launch

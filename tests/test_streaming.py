@@ -37,9 +37,9 @@ def _events(monkeypatch):
 
     launch = engine_mod.Engine._launch
 
-    def logged_launch(self, g, run):
+    def logged_launch(self, g, run, *rest):
         log.append("launch")
-        return launch(self, g, run)
+        return launch(self, g, run, *rest)
 
     monkeypatch.setattr(strategies, "_agenda", logged_agenda)
     monkeypatch.setattr(engine_mod.Engine, "_launch", logged_launch)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from contextlib import contextmanager
 from itertools import chain
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import SingleDeviceSharding
 import numpy as np
 
 from ..batcher.plans import PlanCache
@@ -23,6 +25,7 @@ from ..batcher.strategies import schedule
 from ..device import get_device, zeros
 from ..errors import StaleExpressionError
 from ..ops.registry import AKEY_AVAL, CHEAP
+from .ahead import Ahead, is_new
 from .buckets import bucket, coarse_bucket
 from .validity import check_argument_grads, check_block, check_forward, check_param_grads
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
@@ -36,6 +39,7 @@ GROW_HEADROOM = 1.25  # a grown arena holds this many times what was asked (see 
 GROW_FAST_BYTES = 64 << 20  # arenas smaller than this grow 4x at a time, larger ones 2x
 UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
 FUSE_RUNS = True  # consecutive batches of one kernel run as one lax.scan (see _launch)
+AHEAD_COMPILE = True  # a pass's new kernels compile side by side (see ahead.py)
 FUSE_MIN_RUN = 2  # batches in a run, at the least, to fuse it
 FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
 REPLAN_MAX_LANES = 4  # forward batches this narrow on average: backward may plan again
@@ -221,6 +225,7 @@ class Engine:
         scheduling = t1 - t0
         plan: list = []
         run: list = []  # prepared batches of one kernel, launched together
+        held: list = []  # runs from the first with a new kernel on (see _launch_held)
         # 'none' is the node-by-node reference; validity checks look at every batch
         fuse = FUSE_RUNS and g.autobatch != "none" and not g.check_validity
         batches = iter(batches)
@@ -233,11 +238,16 @@ class Engine:
             plan.append(nodes)
             step = self._prepare(g, nodes)
             if run and (not fuse or step[:4] != run[0][:4]):
-                self._launch_checked(g, run)
+                n_kernels = len(run[0][0].kernels)  # before the check makes any
+                if held or self._meets_new_kernel(g, run):
+                    held.append((run, n_kernels))
+                else:
+                    self._launch_checked(g, run, n_kernels)
                 run = []
             run.append(step)
         if run:
-            self._launch_checked(g, run)
+            held.append((run, len(run[0][0].kernels)))
+        self._launch_held(g, held)
         g.computed = hi
         g.n_batches += len(plan)
         g.forward_passes += 1
@@ -246,15 +256,40 @@ class Engine:
         g.seconds["schedule"] += scheduling
         g.seconds["forward"] += time.perf_counter() - t0 - scheduling
 
-    def _launch_checked(self, g, run):
+    def _meets_new_kernel(self, g, run) -> bool:
+        """Whether ``run`` launches a kernel that has not run yet, so that the runs from it
+        on are held back and their new kernels compiled side by side (``ahead.py``)."""
+        return (AHEAD_COMPILE and not g.check_validity
+                and any(is_new(kern.fn) for kern, _, _ in self._launches(run)))
+
+    def _launch_held(self, g, held: list) -> None:
+        """Launch the ``held`` runs (``(run, kernels its signature had before)``) in order,
+        their new kernels first lowered here and compiled in ``ahead.py``'s pool, side by
+        side, so that each launch waits for its own only."""
+        ahead = None
+        if len(held) > 1 or held and self._meets_new_kernel(g, held[0][0]):
+            ahead = Ahead()
+            arenas = self.arenas
+            for run, _ in held:
+                params = tuple(p._value for p in run[0][0].params)
+                for kern, _, chunk in self._launches(run):
+                    if is_new(kern.fn):
+                        ahead.submit(kern.fn, (tuple(arenas[a] for a in kern.write_akeys),
+                                               tuple(arenas[a] for a in kern.read_akeys),
+                                               params, _packet(chunk)))
+        for run, n_kernels in held:
+            self._launch_checked(g, run, n_kernels, ahead)
+
+    def _launch_checked(self, g, run, n_kernels: int, ahead=None):
         """``_launch``; an error there (compiling or running the kernel, e.g. a function JAX
         cannot batch) names the op, and leaves the graph failed: its rows are handed out
         part-way, so nothing more can run on it. A training forward that fails where a
-        values-only one runs (a callback without a JVP rule) runs values-only instead."""
+        values-only one runs (a callback without a JVP rule) runs values-only instead.
+        ``n_kernels``: how many kernels its signature had before this run's were made."""
         sig = run[0][0]
-        before = len(sig.kernels), len(g.batches), g.n_launches
+        before = n_kernels, len(g.batches), g.n_launches
         try:
-            self._launch(g, run)
+            self._launch(g, run, ahead)
         except Exception as e:
             nodes = run[0][5]
             _undo_launch(g, sig, *before)
@@ -384,12 +419,13 @@ class Engine:
         _add_arguments(packet, g, sig, modes, all_rows, B, nodes)
         return sig, modes, B, gflags, packet, nodes
 
-    def _launch(self, g, run):
-        """Run consecutive prepared batches of one kernel. Small steps (launch-bound) run as
-        ``lax.scan`` runs of power-of-two lengths (7 batches: 4, 2, 1), longest first, so a
-        few lengths cover every run (bounded compilations) and no step is padding; large
-        ones run one launch each (measured on the synthetic BiLSTM's 64-lane steps: a scan
-        costs the device more than the launches it saves)."""
+    def _launches(self, run):
+        """The launches of consecutive prepared batches of one kernel: ``(kernel, step
+        kernel, batches)``. Small steps (launch-bound) run as ``lax.scan`` runs of
+        power-of-two lengths (7 batches: 4, 2, 1), longest first, so a few lengths cover
+        every run (bounded compilations) and no step is padding; large ones run one launch
+        each (measured on the synthetic BiLSTM's 64-lane steps: a scan costs the device
+        more than the launches it saves)."""
         sig, modes, B, gflags = run[0][:4]
         fuse = len(run) >= FUSE_MIN_RUN and B * param_elements(sig) <= FUSE_MAX_MACS
         step = forward_kernel(sig, modes, B, gflags)
@@ -397,14 +433,21 @@ class Engine:
             T = 1 << (len(run).bit_length() - 1) if fuse else 1
             kern = forward_run_kernel(sig, modes, B, gflags, T) if T >= FUSE_MIN_RUN else None
             if kern is None:  # one launch per batch
-                for packet, nodes in (r[4:] for r in run[:T]):
-                    self._call_forward(g, sig, modes, B, gflags, np.asarray(packet, np.int32),
-                                       nodes, step, step)
+                for r in run[:T]:
+                    yield step, step, [r]
             else:
-                self._call_forward(g, sig, modes, B, gflags,
-                                   np.asarray([r[4] for r in run[:T]], np.int32),
-                                   [nd for r in run[:T] for nd in r[5]], kern, step)
+                yield kern, step, run[:T]
             run = run[T:]
+
+    def _launch(self, g, run, ahead=None):
+        """Run consecutive prepared batches of one kernel (``_launches``), each launch
+        waiting for its kernel's compilation if ``ahead`` has it in flight."""
+        sig, modes, B, gflags = run[0][:4]
+        for kern, step, chunk in self._launches(run):
+            if ahead is not None:
+                ahead.wait(kern.fn)
+            nodes = chunk[0][5] if len(chunk) == 1 else [nd for r in chunk for nd in r[5]]
+            self._call_forward(g, sig, modes, B, gflags, _packet(chunk), nodes, kern, step)
 
     def _call_forward(self, g, sig, modes, B, gflags, packet, nodes, kern, step):
         """Launch ``kern`` (``step``, or a run of it) and record the batch for backward."""
@@ -522,16 +565,18 @@ class Engine:
 
     def _backward_batches(self, g, grads, loss_node, live, full, batches):
         """Run the backward kernels of the batches (``_backward_plan``'s) the loss depends
-        on (``live``: see ``_loss_ancestors``), last first."""
+        on (``live``: see ``_loss_ancestors``), last first; their new kernels compiled side
+        by side first (``ahead.py``)."""
         once = _params_of_one_batch(batches)
+        launches = []
         for batch in reversed(batches):
-            try:
-                self._backward_batch(g, grads, loss_node, live, once, full, *batch)
-            except Exception as e:  # e.g. a dx.function JAX cannot differentiate
-                sig, nodes = batch[0], batch[4]
-                e.add_note(f"dynax: while running the backward pass of a batch of {len(nodes)} "
-                           f"'{sig.op.name}' node(s) (the first built as node {nodes[0]})")
-                raise
+            with _noting_backward(batch):
+                launches.append((batch, self._backward_launch(g, loss_node, live, once, full,
+                                                              batch)))
+        ahead = self._compile_backward_ahead(g, grads, launches)
+        for batch, launch in launches:
+            with _noting_backward(batch):  # e.g. a dx.function JAX cannot differentiate
+                self._backward_batch(g, grads, batch, launch, ahead)
         # kept as they are for Expression.gradient(), and cleared when the next pass takes
         # them (a bucketed row count, so that the same step next compiles nothing)
         for a, arr in grads.items():
@@ -540,31 +585,27 @@ class Engine:
             self.spare_grads[a] = (arr, used)
         self.last_grads = (g, grads)
 
-    def _backward_batch(self, g, grads, loss_node, live, once, full, sig, modes, B, packet,
-                        nodes, gflags, fwd, saved, param_values, gathered=False):
-        """One batch's (or fused run's) share of ``_backward_batches``."""
+    def _backward_launch(self, g, loss_node, live, once, full, batch):
+        """What the backward of ``batch`` launches: None (nothing: no lane reaches the
+        loss, or no gradient flows), ``(None, gflags, lanes)`` (some lanes only, maybe none:
+        see ``_backward_some_lanes``), or ``(kernel, gflags, saved, fresh)``."""
+        sig, modes, B, packet, nodes, gflags, fwd, saved = batch[:8]
         if min(nodes) > loss_node:
-            return
+            return None
         if full and gflags != (every := (True,) * len(sig.in_akeys)):
             # its forward saved the vjp of fewer arguments (those a parameter reaches) or
             # none: recompute it for all of them
             if not every and not sig.params:  # a random draw: nothing to differentiate
-                return
+                return None
             gflags, fwd, saved = every, None, ()
         elif gflags is None:  # forward saved nothing (train=False, or no gradient flowed)
             gflags = _grad_flags(g, sig, nodes)
             if gflags is None:
-                return
-        if g.check_validity:
-            for j, a in enumerate(sig.out_akeys):
-                check_block(g, grads[a], packet[1 + j], nodes, sig, "gradient")
+                return None
         if live is not None or max(nodes) > loss_node:
             lanes = _needed(nodes, loss_node, live)
             if not all(lanes):
-                if any(lanes):
-                    self._backward_some_lanes(g, grads, sig, modes, B, packet, nodes,
-                                              gflags, lanes, gathered)
-                return
+                return None, gflags, lanes
         params = sig.params
         if packet.ndim == 1:
             # the first gradient of parameters that only this batch uses is returned as
@@ -573,11 +614,55 @@ class Engine:
             # batch size
             fresh = (bool(params) and not sig.op.row_gather
                      and all(p._grad is None and p in once for p in params))
-            kern = backward_kernel(sig, modes, gflags, B, fwd, fresh, gathered_outs=gathered)
+            kern = backward_kernel(sig, modes, gflags, B, fwd, fresh,
+                                   gathered_outs=batch.gathered_outs)
         else:  # a fused run (see _launch)
             fresh = False
             kern = backward_run_kernel(sig, modes, gflags, B, fwd, packet.shape[0])
+        return kern, gflags, saved, fresh
+
+    def _compile_backward_ahead(self, g, grads, launches):
+        """An ``Ahead`` compiling the new kernels of ``launches`` side by side, or None."""
+        if not AHEAD_COMPILE or g.check_validity or not any(
+                launch and launch[0] is not None and is_new(launch[0].fn)
+                for _, launch in launches):
+            return None
+        ahead = Ahead()
+        device = SingleDeviceSharding(get_device())
+        for batch, launch in launches:
+            if not launch or launch[0] is None or not is_new(launch[0].fn):
+                continue
+            kern, _, saved, fresh = launch
+            params = batch.sig.params
+            # a parameter's gradient buffer, made on its first launch, as that makes it
+            pgrads = () if fresh else tuple(
+                p._grad if p._grad is not None
+                else jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=device) for p in params)
+            ahead.submit(kern.fn, (tuple(grads[a] for a in kern.write_akeys), pgrads,
+                                   tuple(self.arenas[a] for a in kern.read_akeys),
+                                   tuple(p._value for p in params), saved, batch.packet))
+        return ahead
+
+    def _backward_batch(self, g, grads, batch, launch, ahead=None):
+        """One batch's (or fused run's) share of ``_backward_batches``: its ``launch``
+        (``_backward_launch``'s)."""
+        if launch is None:
+            return
+        sig, modes, B, packet, nodes = batch[:5]
+        if g.check_validity:
+            for j, a in enumerate(sig.out_akeys):
+                check_block(g, grads[a], packet[1 + j], nodes, sig, "gradient")
+        if launch[0] is None:
+            _, gflags, lanes = launch
+            if any(lanes):
+                self._backward_some_lanes(g, grads, sig, modes, B, packet, nodes, gflags,
+                                          lanes, batch.gathered_outs)
+            return
+        kern, gflags, saved, fresh = launch
+        params = sig.params
         g.n_backward_batches += packet.shape[0] if packet.ndim == 2 else 1  # a run's steps
+        if ahead is not None:
+            ahead.wait(kern.fn)
         new_g, new_pg = kern.fn(tuple(grads[a] for a in kern.write_akeys),
                                 () if fresh else tuple(p._grad_buffer() for p in params),
                                 tuple(self.arenas[a] for a in kern.read_akeys),
@@ -674,6 +759,26 @@ def _add_arguments(packet: list, g, sig, modes, all_rows, B: int, nodes) -> None
             xs = [node_ints[nd][k] for nd in nodes]
             packet += xs
             packet += [xs[0]] * (B - n)
+
+
+@contextmanager
+def _noting_backward(batch):
+    """An error in the backward pass of ``batch`` notes the batch."""
+    try:
+        yield
+    except Exception as e:
+        sig, nodes = batch[0], batch[4]
+        e.add_note(f"dynax: while running the backward pass of a batch of {len(nodes)} "
+                   f"'{sig.op.name}' node(s) (the first built as node {nodes[0]})")
+        raise
+
+
+def _packet(chunk: list) -> np.ndarray:
+    """The int packet of a launch of prepared batches: one batch's, or a run's stacked (a
+    run kernel's steps are two or more)."""
+    if len(chunk) == 1:
+        return np.asarray(chunk[0][4], np.int32)
+    return np.asarray([r[4] for r in chunk], np.int32)
 
 
 def _first_line(e: Exception) -> str:

@@ -45,6 +45,21 @@ def _counting_compiles(method):
     return wrapper
 
 
+def counted_here(fn):
+    """``fn`` made to count the compilations it runs, on whatever thread, as the graph
+    counting on this thread now does (a compilation handed to another thread)."""
+    g = getattr(_local, "counting", None)
+
+    def counted():
+        prev = getattr(_local, "counting", None)
+        _local.counting = g
+        try:
+            return fn()
+        finally:
+            _local.counting = prev
+    return counted
+
+
 class ComputationGraph:
     """One per-instance graph, current for the thread that made it with ``dx.renew_cg``."""
 

@@ -7,6 +7,9 @@ releases the GIL while it compiles: the engine lowers each new kernel on its own
 launch then waits for its own kernel only, and finds the executable in JAX's cache (the
 jitted function's ``lower(...).compile()`` fills the cache its calls read).
 
+On 2 cores the gain is a few percent of a warm-up (XLA:CPU already keeps ~1.5 cores busy
+compiling one kernel); it grows with the cores XLA leaves idle (see dynax/README.md).
+
 Nothing here decides what runs: a lowering or compilation that fails is dropped, and the
 launch, compiling again on its own thread, raises the error where it is reported.
 """

@@ -319,6 +319,7 @@ def test_after_jax_clear_caches_a_second_identical_step_compiles_nothing(strateg
     assert step(5) == 0
 
 
+@pytest.mark.parametrize("strategy", ["agenda", "none"])
 def test_a_passes_new_kernels_compile_side_by_side_on_the_pool(strategy, monkeypatch):
     """The new kernels of a pass, forward and backward, are lowered on the graph's thread
     and compiled on ``ahead.py``'s pool before their launches; the graph counts those

@@ -2,7 +2,7 @@
 
 A kernel compiles on its first launch, on the launching thread, so a fresh graph's pass
 compiled its tens of new kernels one after another while the other cores idled. XLA
-releases the GIL while it compiles: the engine lowers each new kernel on its own thread
+releases the GIL while it compiles: the engine lowers each new kernel on the graph's thread
 (tracing is Python) and hands the compilation to a pool of threads, one per core; each
 launch then waits for its own kernel only, and finds the executable in JAX's cache (the
 jitted function's ``lower(...).compile()`` fills the cache its calls read).

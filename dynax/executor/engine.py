@@ -269,14 +269,11 @@ class Engine:
         ahead = None
         if len(held) > 1 or held and self._meets_new_kernel(g, held[0][0]):
             ahead = Ahead()
-            arenas = self.arenas
             for run, _ in held:
                 params = tuple(p._value for p in run[0][0].params)
                 for kern, _, chunk in self._launches(run):
                     if is_new(kern.fn):
-                        ahead.submit(kern.fn, (tuple(arenas[a] for a in kern.write_akeys),
-                                               tuple(arenas[a] for a in kern.read_akeys),
-                                               params, _packet(chunk)))
+                        ahead.submit(kern.fn, self._forward_args(kern, params, _packet(chunk)))
         for run, n_kernels in held:
             self._launch_checked(g, run, n_kernels, ahead)
 
@@ -449,12 +446,18 @@ class Engine:
             nodes = chunk[0][5] if len(chunk) == 1 else [nd for r in chunk for nd in r[5]]
             self._call_forward(g, sig, modes, B, gflags, _packet(chunk), nodes, kern, step)
 
+    def _forward_args(self, kern, param_values: tuple, packet) -> tuple:
+        """A forward kernel's arguments: its arenas written and read, the parameters' values
+        and the packet (what a launch passes, and what ``ahead.py`` compiles for)."""
+        arenas = self.arenas
+        return (tuple(arenas[a] for a in kern.write_akeys),
+                tuple(arenas[a] for a in kern.read_akeys), param_values, packet)
+
     def _call_forward(self, g, sig, modes, B, gflags, packet, nodes, kern, step):
         """Launch ``kern`` (``step``, or a run of it) and record the batch for backward."""
         arenas = self.arenas
         param_values = tuple(p._value for p in sig.params)
-        new, saved = kern.fn(tuple(arenas[a] for a in kern.write_akeys),
-                             tuple(arenas[a] for a in kern.read_akeys), param_values, packet)
+        new, saved = kern.fn(*self._forward_args(kern, param_values, packet))
         for a, arr in zip(kern.write_akeys, new):
             arenas[a] = arr
         if gflags is None:
@@ -623,25 +626,30 @@ class Engine:
 
     def _compile_backward_ahead(self, g, grads, launches):
         """An ``Ahead`` compiling the new kernels of ``launches`` side by side, or None."""
-        if not AHEAD_COMPILE or g.check_validity or not any(
-                launch and launch[0] is not None and is_new(launch[0].fn)
-                for _, launch in launches):
+        new = [(batch, launch) for batch, launch in launches
+               if launch and launch[0] is not None and is_new(launch[0].fn)]
+        if not AHEAD_COMPILE or g.check_validity or not new:
             return None
         ahead = Ahead()
         device = SingleDeviceSharding(get_device())
-        for batch, launch in launches:
-            if not launch or launch[0] is None or not is_new(launch[0].fn):
-                continue
-            kern, _, saved, fresh = launch
+        for batch, (kern, _, saved, fresh) in new:
             params = batch.sig.params
             # a parameter's gradient buffer, made on its first launch, as that makes it
             pgrads = () if fresh else tuple(
                 p._grad if p._grad is not None
                 else jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=device) for p in params)
-            ahead.submit(kern.fn, (tuple(grads[a] for a in kern.write_akeys), pgrads,
-                                   tuple(self.arenas[a] for a in kern.read_akeys),
-                                   tuple(p._value for p in params), saved, batch.packet))
+            ahead.submit(kern.fn, self._backward_args(kern, grads, pgrads, params, saved,
+                                                      batch.packet))
         return ahead
+
+    def _backward_args(self, kern, grads: dict, pgrads: tuple, params, saved, packet) -> tuple:
+        """A backward kernel's arguments: its gradient arenas, the parameters' gradient
+        buffers (``pgrads``), its value arenas, the parameters' values, the forward's
+        residuals and the packet (what a launch passes, and what ``ahead.py`` compiles
+        for)."""
+        return (tuple(grads[a] for a in kern.write_akeys), pgrads,
+                tuple(self.arenas[a] for a in kern.read_akeys),
+                tuple(p._value for p in params), saved, packet)
 
     def _backward_batch(self, g, grads, batch, launch, ahead=None):
         """One batch's (or fused run's) share of ``_backward_batches``: its ``launch``
@@ -663,10 +671,9 @@ class Engine:
         g.n_backward_batches += packet.shape[0] if packet.ndim == 2 else 1  # a run's steps
         if ahead is not None:
             ahead.wait(kern.fn)
-        new_g, new_pg = kern.fn(tuple(grads[a] for a in kern.write_akeys),
-                                () if fresh else tuple(p._grad_buffer() for p in params),
-                                tuple(self.arenas[a] for a in kern.read_akeys),
-                                tuple(p._value for p in params), saved, packet)
+        pgrads = () if fresh else tuple(p._grad_buffer() for p in params)
+        new_g, new_pg = kern.fn(*self._backward_args(kern, grads, pgrads, params, saved,
+                                                     packet))
         for a, arr in zip(kern.write_akeys, new_g):
             grads[a] = arr
         for p, arr in zip(params, new_pg):
@@ -698,10 +705,9 @@ class Engine:
             packet_t = steps[t].copy()
             for off in per_lane:  # rows of gathered arguments, ints
                 packet_t[off:off + B][~on] = packet_t[off + first]
-            new_g, new_pg = kern.fn(tuple(grads[a] for a in kern.write_akeys),
-                                    tuple(p._grad_buffer() for p in sig.params),
-                                    tuple(self.arenas[a] for a in kern.read_akeys),
-                                    tuple(p._value for p in sig.params), (), packet_t)
+            new_g, new_pg = kern.fn(*self._backward_args(
+                kern, grads, tuple(p._grad_buffer() for p in sig.params), sig.params, (),
+                packet_t))
             for a, arr in zip(kern.write_akeys, new_g):
                 grads[a] = arr
             step_nodes = nodes[starts[t]:starts[t + 1]]

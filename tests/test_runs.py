@@ -1,7 +1,9 @@
 """Fused runs: consecutive batches of one kernel (an RNN over a single sentence: one 1-lane
-step per word) run as one ``lax.scan`` launch per power-of-two piece. Values and gradients
-must equal the node-by-node reference and ``jax.grad`` of the same math, for runs of every
-piece length, with and without residuals, and for a loss in the middle of a run."""
+step per word) run as one launch of a loop whose capacity is the next power of two steps
+(at least 4), the steps it lacks padding that never runs. Values and gradients must equal
+the node-by-node reference and ``jax.grad`` of the same math, for runs filling their
+kernel or not, a lone step, with and without residuals, and for a loss in the middle of a
+run."""
 from __future__ import annotations
 
 import jax
@@ -55,16 +57,17 @@ def _run(strategy, xs, ws, upto=None, train=True):
         cg.stats()
 
 
-# the first step differs (no gradient flows into its zero state): runs of n-1 steps, pieces
-# 2; 4+2+1; 8+4
-@pytest.mark.parametrize("n", [3, 8, 13])
+# the first step differs (no gradient flows into its zero state): runs of n-1 steps, in
+# kernels of 4 (a lone step), 4 (2 of them padding), 4 (full), 8 (1 padding), 16 (4)
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 13])
 @pytest.mark.parametrize("strategy", ["depth", "agenda"])
 def test_a_run_equals_node_by_node_and_jax_grad(strategy, n):
     xs, ws = _data(n)
     value, hs, grads, stats = _run(strategy, xs, ws)
     ref_value, ref_hs, ref_grads, ref_stats = _run("none", xs, ws)
     assert ref_stats["launches"] == ref_stats["batches"] == ref_stats["nodes"]  # never fused
-    assert stats["launches"] < stats["batches"], stats  # the steps ran as runs
+    if n > 2:  # (a lone step runs in a run kernel, in a launch of its own)
+        assert stats["launches"] < stats["batches"], stats  # the steps ran as runs
     vals = [p.value for p in PC.parameters()]
 
     def loss_fn(vals):
@@ -78,6 +81,29 @@ def test_a_run_equals_node_by_node_and_jax_grad(strategy, n):
     for g, r, j in zip(grads, ref_grads, jax.grad(loss_fn)(vals)):
         np.testing.assert_allclose(g, r, **TOL)
         np.testing.assert_allclose(g, j, **TOL)
+
+
+def _forward_steps(xs):
+    """The LSTM's steps over ``xs`` alone, computed; the graph's stats."""
+    cg = dx.renew_cg(autobatch="agenda")
+    dx.forward(LSTM.initial_state().transduce([dx.input(x) for x in xs]))
+    return cg.stats()
+
+
+def test_runs_up_to_a_kernels_capacity_share_it():
+    """Runs of 3 and 4 steps, and a lone step of the chain, launch one kernel of 4 steps:
+    the first graph compiles it, the others compile nothing and launch it once. (Their
+    values and gradients: test_a_run_equals_node_by_node_and_jax_grad.)"""
+    _clear_kernels()
+    xs, _ = _data(5, seed=5)
+    before = _compile_count()
+    _forward_steps(xs[:4])  # the first step (its own kernel), then a run of 3
+    assert _compile_count() > before
+    for n in (5, 2):  # a run of 4; a lone step
+        before = _compile_count()
+        stats = _forward_steps(xs[:n])
+        assert _compile_count() == before, n
+        assert (stats["launches"], stats["batches"]) == (2, n), stats
 
 
 def test_a_loss_in_the_middle_of_a_run():
@@ -157,10 +183,11 @@ def _clear_kernels():
 
 
 @pytest.mark.parametrize("strategy", ["depth", "agenda"])
-def test_narrow_runs_take_weight_gradients_after_the_scan(strategy, monkeypatch):
+def test_narrow_runs_take_weight_gradients_after_the_loop(strategy, monkeypatch):
     """Runs of at most DEFER_MAX_LANES lanes compute their weight gradients in one product
-    after the reversed scan (kernels.backward_run_kernel): equal to jax.grad, to the
-    node-by-node reference, and to the per-step accumulation it replaces."""
+    after the reversed loop (kernels.backward_run_kernel), over their padding steps too
+    (masked to nothing): equal to jax.grad, to the node-by-node reference, and to the
+    per-step accumulation it replaces."""
     from dynax.executor import kernels
     lengths = (6, 3, 9)  # 3 lanes (bucket 4: one padded), then 2, then 1
     data = [_data(n, seed=10 + n) for n in lengths]

@@ -39,7 +39,7 @@ class Kernel(NamedTuple):
     write_akeys: tuple  # arenas donated and returned (forward: outputs; backward: gradients)
     read_akeys: tuple  # arenas only read
     meta: dict  # forward kernels saving residuals: their vjp's pytree structure
-    body: Callable  # fn unjitted: a run's scan calls it (a nested jit takes no compiler options)
+    body: Callable  # fn unjitted: a run's loop calls it (a nested jit takes no compiler options)
 
 
 QUICK_MAX_WORK = 1 << 13  # padded lanes x a lane's work (elements), at most, for a kernel
@@ -338,16 +338,25 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     return k
 
 
-def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) -> Kernel:
-    """``T`` consecutive batches of one forward kernel as one ``lax.scan``: arguments as the
-    single kernel's but ``packets`` of shape ``(T, packet length)``; residuals stacked.
+def run_steps(packets):
+    """How many of a run's ``T`` packets are steps: the first ones, with lanes (the engine
+    pads a shorter run to ``T`` with packets of none, which nothing runs)."""
+    return jnp.sum(packets[:, 0] > 0)
 
-    Running the batches one after another inside the scan is what launching them one by one
-    does (the read-only arenas are not written by this kernel), so any run is valid; it
+
+def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) -> Kernel:
+    """Up to ``T`` consecutive batches of one forward kernel as one loop: arguments as the
+    single kernel's but ``packets`` of shape ``(T, packet length)``, the steps first
+    (``run_steps``); residuals stacked ``(T, ...)``, the padding steps' left zero.
+
+    Running the batches one after another inside the loop is what launching them one by
+    one does (the read-only arenas are not written by this kernel), so any run is valid; it
     saves a launch per step, which is the whole cost of a small recurrent step (an RNN
-    over one sentence runs one 1-lane step per word). None for an evaluation run
-    (``gflags=None``) of a kernel trained but never in a run of ``T``: its steps are
-    launched one by one then, compiling nothing.
+    over one sentence runs one 1-lane step per word). The number of steps is data, so one
+    kernel serves every run of up to ``T`` steps: a few capacities cover all runs, each
+    in one launch (``Engine._launches``). None for an evaluation run (``gflags=None``) of
+    a kernel trained but never in a run of ``T``: its steps are launched one by one then,
+    compiling nothing.
     """
     key = ("fwd_run", modes, B, gflags, T)
     k = sig.kernels.get(key)
@@ -363,7 +372,16 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
     step = forward_kernel(sig, modes, B, gflags)
 
     def kernel(warenas, rarenas, params, packets):
-        return lax.scan(lambda w, packet: step.body(w, rarenas, params, packet), warenas, packets)
+        # the residuals' shapes, traced only (a peeled first step would compile twice)
+        shapes = jax.eval_shape(step.body, warenas, rarenas, params, packets[0])[1]
+        stacked = tuple(jnp.zeros((T,) + s.shape, s.dtype) for s in shapes)
+
+        def body(t, carry):
+            w, stacked = carry
+            w, saved = step.body(w, rarenas, params, packets[t])
+            return w, tuple(lax.dynamic_update_index_in_dim(b, r, t, 0)
+                            for b, r in zip(stacked, saved))
+        return lax.fori_loop(0, run_steps(packets), body, (warenas, stacked))
 
     k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}_T{T}", (0,), B * lane_work(sig)),
                step.write_akeys, step.read_akeys, step.meta, kernel)
@@ -371,7 +389,7 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
     return k
 
 
-DEFER_MAX_LANES = 8  # runs this narrow take their weight gradients after the scan
+DEFER_MAX_LANES = 8  # runs this narrow take their weight gradients after the loop
 
 
 def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kernel | None,
@@ -381,8 +399,8 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
     reads its outputs has run), residuals and packets stacked per step.
 
     A narrow run (at most ``DEFER_MAX_LANES`` lanes) takes its weight gradients after the
-    scan, as one product over all ``T x B`` lanes (``_run_param_grads``), and its steps
-    compute input cotangents only. Inside the scan each step would read and write every
+    loop, as one product over all ``T x B`` lanes (``_run_param_grads``), and its steps
+    compute input cotangents only. Inside the loop each step would read and write every
     weight gradient to add a rank-B update to it: for an LSTM LM over one sentence (1,024 x
     512 weights), 4 MB of traffic per word for a few kFLOP.
     """
@@ -395,9 +413,9 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
         read_akeys = step.read_akeys
 
         def kernel(garenas, pgrads, varenas, params, saved, packets):
-            def body(carry, xs):
-                return step.body(*carry, varenas, params, *xs), None
-            return lax.scan(body, (garenas, pgrads), (saved, packets), reverse=True)[0]
+            def body(carry, t):
+                return step.body(*carry, varenas, params, _at(saved, t), packets[t])
+            return _reversed_steps(body, (garenas, pgrads), packets)
     else:
         step = backward_kernel(sig, modes, gflags, B, forward, param_grads=False)
         n_step = len(step.read_akeys)  # the step's own value arenas come first
@@ -405,9 +423,10 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
         weight_grads = _run_param_grads(sig, modes, B, T)
 
         def kernel(garenas, pgrads, varenas, params, saved, packets):
-            def body(carry, xs):
-                return step.body(carry, (), varenas[:n_step], params, *xs)[0], None
-            garenas = lax.scan(body, garenas, (saved, packets), reverse=True)[0]
+            def body(carry, t):
+                return step.body(carry, (), varenas[:n_step], params, _at(saved, t),
+                                 packets[t])[0]
+            garenas = _reversed_steps(body, garenas, packets)
             dps = weight_grads(dict(zip(step.write_akeys, garenas)),
                                dict(zip(read_akeys, varenas)), params, packets)
             return garenas, tuple(g + d for g, d in zip(pgrads, dps))
@@ -418,8 +437,19 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
     return k
 
 
+def _at(saved, t):
+    """Step ``t``'s residuals of a run's stacked ones."""
+    return tuple(lax.dynamic_index_in_dim(r, t, 0, keepdims=False) for r in saved)
+
+
+def _reversed_steps(body, carry, packets):
+    """``carry = body(carry, t)`` for a run's steps ``t`` (``run_steps``), last first."""
+    n = run_steps(packets)
+    return lax.fori_loop(0, n, lambda i, c: body(c, n - 1 - i), carry)
+
+
 def _defers(sig, modes: tuple, B: int) -> bool:
-    """Whether a run of this kernel takes its weight gradients after the scan: narrow steps
+    """Whether a run of this kernel takes its weight gradients after the loop: narrow steps
     with parameters, every value argument gathered per lane (``_run_param_grads``)."""
     return (B <= DEFER_MAX_LANES and bool(sig.params) and not sig.op.row_gather
             and all(m == GATHER for m in modes))
@@ -428,8 +458,9 @@ def _defers(sig, modes: tuple, B: int) -> bool:
 def _run_param_grads(sig, modes: tuple, B: int, T: int):
     """The parameter cotangents of a run of ``T`` steps as one batch of ``T x B`` lanes:
     inputs re-read from the value arenas, output cotangents from the gradient arenas (both
-    complete once the run's scan is done), the forward recomputed (cheap for narrow steps)
-    and ``jax.vjp`` taken w.r.t. the parameters only."""
+    complete once the run's loop is done), the forward recomputed (cheap for narrow steps)
+    and ``jax.vjp`` taken w.r.t. the parameters only. A padding step has no lanes, so its
+    cotangents are masked to zero (lanes are never fewer than 2, so they are masked)."""
     out_off, val_off, int_off = packet_offsets(sig, modes, B)
     N = T * B
     flat = _batched(sig, modes, N)

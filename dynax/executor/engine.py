@@ -29,8 +29,8 @@ from .ahead import Ahead, is_new
 from .buckets import bucket, coarse_bucket
 from .validity import check_argument_grads, check_block, check_forward, check_param_grads
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
-                      compile_clear, forward_kernel, forward_run_kernel, load_block,
-                      packet_offsets, seed_gradient)
+                      compile_clear, forward_kernel, forward_run_kernel, has_run_kernel,
+                      load_block, packet_offsets, seed_gradient)
 from .work import AKEY_SIZE, lane_work, param_elements
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
@@ -421,18 +421,21 @@ class Engine:
         kernel, batches, T)``, ``T`` the capacity of a run kernel, 0 for a single batch's.
 
         Small steps (launch-bound) run in one launch of a loop with room for the next power
-        of two steps, at least ``RUN_MIN_STEPS`` (``kernels.forward_run_kernel``); a lone
-        step of a chain too (``_chained``). Per signature and size one or two kernels then
-        serve every run, where loops of exact power-of-two lengths took two or three
-        (7 steps: 4, 2, 1) and a lone step one more: the tagger's first 5 updates compiled
-        122 kernels in 21.9 s that way, 90 in 19.4 s this way. Large steps run one launch
-        each (measured on the synthetic BiLSTM's 64-lane steps: a loop costs the device
-        more than the launches it saves)."""
+        of two steps, at least ``RUN_MIN_STEPS`` (``kernels.forward_run_kernel``). Per
+        signature and size one or two kernels then serve every run, where loops of exact
+        power-of-two lengths took two or three (7 steps: 4, 2, 1). A lone step of a chain
+        (``_chained``) launches the smallest run kernel where runs compiled it, and its
+        single kernel otherwise: a loop compiles slower (an ``esum``: 0.12 -> 0.27 s) and
+        keeps room for ``RUN_MIN_STEPS`` steps' residuals, a cost where runs are rare (a
+        Tree-LSTM's levels) and a saving where they are common (a tagger's shrinking
+        steps). Large steps run one launch each (measured on the synthetic BiLSTM's
+        64-lane steps: a loop costs the device more than the launches it saves)."""
         sig, modes, B, gflags = run[0][:4]
         step = forward_kernel(sig, modes, B, gflags)
         kern = None
         if (_fuses(g) and B * param_elements(sig) <= FUSE_MAX_MACS
-                and (len(run) > 1 or _chained(g, run[0][5][0]))):
+                and (len(run) > 1 or has_run_kernel(sig, modes, B, gflags, RUN_MIN_STEPS)
+                     and _chained(g, run[0][5][0]))):
             T = max(RUN_MIN_STEPS, _pow2(len(run)))
             kern = forward_run_kernel(sig, modes, B, gflags, T)
         if kern is None:  # one launch per batch
@@ -788,9 +791,7 @@ def _noting_backward(batch):
 
 def _chained(g, node: int) -> bool:
     """Whether ``node`` reads an output of a node of its own signature: a step of a chain
-    (a recurrent cell), whose lone batches share the run kernels of its runs. Other lone
-    batches launch their single kernel: a loop compiles slower (an ``esum`` 0.12 -> 0.27 s)
-    and its residuals' buffer holds ``RUN_MIN_STEPS`` steps."""
+    (a recurrent cell), whose lone batches may share the run kernel of its runs."""
     sig, val_node, node_sig = g.node_sig[node], g.val_node, g.node_sig
     return any(val_node[v] >= 0 and node_sig[val_node[v]] is sig for v in g.node_vals[node])
 

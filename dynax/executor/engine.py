@@ -29,8 +29,8 @@ from .ahead import Ahead, is_new
 from .buckets import bucket, coarse_bucket
 from .validity import check_argument_grads, check_block, check_forward, check_param_grads
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
-                      compile_clear, forward_kernel, forward_run_kernel, has_run_kernel,
-                      load_block, packet_offsets, seed_gradient)
+                      compile_clear, forward_kernel, forward_run_kernel, load_block,
+                      packet_offsets, seed_gradient)
 from .work import AKEY_SIZE, lane_work, param_elements
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
@@ -38,7 +38,7 @@ ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 
 GROW_HEADROOM = 1.25  # a grown arena holds this many times what was asked (see _grow)
 GROW_FAST_BYTES = 64 << 20  # arenas smaller than this grow 4x at a time, larger ones 2x
 UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
-FUSE_RUNS = True  # consecutive batches of one kernel run as one lax.scan (see _launch)
+FUSE_RUNS = True  # consecutive batches of one kernel run as one loop (see _launches)
 AHEAD_COMPILE = True  # a pass's new kernels compile side by side (see ahead.py)
 RUN_MIN_STEPS = 4  # the smallest run kernel: up to this many steps (see _launches)
 FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
@@ -420,22 +420,23 @@ class Engine:
         """The launches of consecutive prepared batches of one kernel: ``(kernel, step
         kernel, batches, T)``, ``T`` the capacity of a run kernel, 0 for a single batch's.
 
-        Small steps (launch-bound) run in one launch of a loop with room for the next power
-        of two steps, at least ``RUN_MIN_STEPS`` (``kernels.forward_run_kernel``). Per
-        signature and size one or two kernels then serve every run, where loops of exact
-        power-of-two lengths took two or three (7 steps: 4, 2, 1). A lone step of a chain
-        (``_chained``) launches the smallest run kernel where runs compiled it, and its
-        single kernel otherwise: a loop compiles slower (an ``esum``: 0.12 -> 0.27 s) and
-        keeps room for ``RUN_MIN_STEPS`` steps' residuals, a cost where runs are rare (a
-        Tree-LSTM's levels) and a saving where they are common (a tagger's shrinking
-        steps). Large steps run one launch each (measured on the synthetic BiLSTM's
-        64-lane steps: a loop costs the device more than the launches it saves)."""
+        Runs of small steps (launch-bound) run in one launch of a loop with room for the
+        next power of two steps, at least ``RUN_MIN_STEPS`` (``kernels.forward_run_kernel``):
+        per signature and size one or two kernels serve every run, where loops of exact
+        power-of-two lengths took two or three (7 steps: 4, 2, 1). The tagger's first 5
+        updates: 122 -> 104 compilations. A lone step launches its single kernel. In the
+        loop it saved kernels where runs are common (tagger: 90 compilations) but none where
+        they are rare (a Tree-LSTM's levels), where a loop compiles slower and zero-fills
+        room for 4 steps' residuals (Tree-LSTM, ``--quick``, 3 alternated rounds: 1,164 ->
+        1,099 trees/s); and taking the loop only once runs had compiled it made the bits
+        depend on the kernel cache's history (the loop rounds differently). Large steps run
+        one launch each (measured on the synthetic BiLSTM's 64-lane steps: a loop costs the
+        device more than the launches it saves).
+        """
         sig, modes, B, gflags = run[0][:4]
         step = forward_kernel(sig, modes, B, gflags)
         kern = None
-        if (_fuses(g) and B * param_elements(sig) <= FUSE_MAX_MACS
-                and (len(run) > 1 or has_run_kernel(sig, modes, B, gflags, RUN_MIN_STEPS)
-                     and _chained(g, run[0][5][0]))):
+        if _fuses(g) and B * param_elements(sig) <= FUSE_MAX_MACS and len(run) > 1:
             T = max(RUN_MIN_STEPS, _pow2(len(run)))
             kern = forward_run_kernel(sig, modes, B, gflags, T)
         if kern is None:  # one launch per batch
@@ -787,13 +788,6 @@ def _noting_backward(batch):
         e.add_note(f"dynax: while running the backward pass of a batch of {len(nodes)} "
                    f"'{sig.op.name}' node(s) (the first built as node {nodes[0]})")
         raise
-
-
-def _chained(g, node: int) -> bool:
-    """Whether ``node`` reads an output of a node of its own signature: a step of a chain
-    (a recurrent cell), whose lone batches may share the run kernel of its runs."""
-    sig, val_node, node_sig = g.node_sig[node], g.val_node, g.node_sig
-    return any(val_node[v] >= 0 and node_sig[val_node[v]] is sig for v in g.node_vals[node])
 
 
 def _fuses(g) -> bool:

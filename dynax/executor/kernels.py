@@ -389,13 +389,6 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
     return k
 
 
-def has_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) -> bool:
-    """Whether ``forward_run_kernel(sig, modes, B, gflags, T)`` exists already (for an
-    evaluation, a training variant it would reuse)."""
-    return (("fwd_run", modes, B, gflags, T) in sig.kernels
-            or gflags is None and _trained_variant(sig, "fwd_run", modes, B, T) is not None)
-
-
 DEFER_MAX_LANES = 8  # runs this narrow take their weight gradients after the loop
 
 

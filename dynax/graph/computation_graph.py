@@ -366,7 +366,7 @@ class ComputationGraph:
 
     def stats(self) -> dict:
         """Counters of this graph: nodes, batches (groups of nodes run as one), launches
-        (forward kernel launches: consecutive batches of one kernel run as one ``lax.scan``),
+        (forward kernel launches: consecutive batches of one kernel run as one loop),
         compiles (new XLA compilations caused by this graph: its forward and backward passes
         and reads, and the trainer updates made while it is the thread's current graph; not
         the user's own ``jax.jit`` calls, nor other threads' work), cache_loads (compiled

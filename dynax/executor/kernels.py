@@ -459,8 +459,9 @@ def _run_param_grads(sig, modes: tuple, B: int, T: int):
     """The parameter cotangents of a run of ``T`` steps as one batch of ``T x B`` lanes:
     inputs re-read from the value arenas, output cotangents from the gradient arenas (both
     complete once the run's loop is done), the forward recomputed (cheap for narrow steps)
-    and ``jax.vjp`` taken w.r.t. the parameters only. A padding step has no lanes, so its
-    cotangents are masked to zero (lanes are never fewer than 2, so they are masked)."""
+    and ``jax.vjp`` taken w.r.t. the parameters only. A padding step has no lanes:
+    ``_read_cotangents`` masks all its cotangents to zero (it masks where ``B > 1``, and
+    ``Engine._lanes`` never makes ``B`` 1)."""
     out_off, val_off, int_off = packet_offsets(sig, modes, B)
     N = T * B
     flat = _batched(sig, modes, N)

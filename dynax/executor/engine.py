@@ -226,7 +226,8 @@ class Engine:
         plan: list = []
         run: list = []  # prepared batches of one kernel, launched together
         held: list = []  # runs from the first with a new kernel on (see _launch_held)
-        fuse = _fuses(g)
+        # 'none' is the node-by-node reference; validity checks look at every batch
+        fuse = FUSE_RUNS and g.autobatch != "none" and not g.check_validity
         batches = iter(batches)
         while True:
             t = time.perf_counter()
@@ -259,7 +260,7 @@ class Engine:
         """Whether ``run`` launches a kernel that has not run yet, so that the runs from it
         on are held back and their new kernels compiled side by side (``ahead.py``)."""
         return (AHEAD_COMPILE and not g.check_validity
-                and any(is_new(launch[0].fn) for launch in self._launches(g, run)))
+                and any(is_new(launch[0].fn) for launch in self._launches(run)))
 
     def _launch_held(self, g, held: list) -> None:
         """Launch the ``held`` runs (``(run, kernels its signature had before)``) in order,
@@ -270,7 +271,7 @@ class Engine:
             ahead = Ahead()
             for run, _ in held:
                 params = tuple(p._value for p in run[0][0].params)
-                for kern, _, chunk, T in self._launches(g, run):
+                for kern, _, chunk, T in self._launches(run):
                     if is_new(kern.fn):
                         ahead.submit(kern.fn, self._forward_args(kern, params,
                                                                  _packet(chunk, T)))
@@ -416,7 +417,7 @@ class Engine:
         _add_arguments(packet, g, sig, modes, all_rows, B, nodes)
         return sig, modes, B, gflags, packet, nodes
 
-    def _launches(self, g, run):
+    def _launches(self, run):
         """The launches of consecutive prepared batches of one kernel: ``(kernel, step
         kernel, batches, T)``, ``T`` the capacity of a run kernel, 0 for a single batch's.
 
@@ -436,7 +437,8 @@ class Engine:
         sig, modes, B, gflags = run[0][:4]
         step = forward_kernel(sig, modes, B, gflags)
         kern = None
-        if _fuses(g) and B * param_elements(sig) <= FUSE_MAX_MACS and len(run) > 1:
+        # runs longer than one form only where _forward fuses (not 'none', no validity checks)
+        if len(run) > 1 and B * param_elements(sig) <= FUSE_MAX_MACS:
             T = max(RUN_MIN_STEPS, _pow2(len(run)))
             kern = forward_run_kernel(sig, modes, B, gflags, T)
         if kern is None:  # one launch per batch
@@ -449,7 +451,7 @@ class Engine:
         """Run consecutive prepared batches of one kernel (``_launches``), each launch
         waiting for its kernel's compilation if ``ahead`` has it in flight."""
         sig, modes, B, gflags = run[0][:4]
-        for kern, step, chunk, T in self._launches(g, run):
+        for kern, step, chunk, T in self._launches(run):
             if ahead is not None:
                 ahead.wait(kern.fn)
             nodes = chunk[0][5] if len(chunk) == 1 else [nd for r in chunk for nd in r[5]]
@@ -788,12 +790,6 @@ def _noting_backward(batch):
         e.add_note(f"dynax: while running the backward pass of a batch of {len(nodes)} "
                    f"'{sig.op.name}' node(s) (the first built as node {nodes[0]})")
         raise
-
-
-def _fuses(g) -> bool:
-    """Whether ``g``'s consecutive batches of one kernel may run as one launch: 'none' is
-    the node-by-node reference, and validity checks look at every batch."""
-    return FUSE_RUNS and g.autobatch != "none" and not g.check_validity
 
 
 def _packet(chunk: list, T: int = 0) -> np.ndarray:

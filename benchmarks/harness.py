@@ -402,6 +402,11 @@ def plot(by_batch: dict, unit: str, title: str, path: str) -> None:
     ax1.set_xticklabels(systems)
     ax1.set_ylabel(f"{unit}/s (steady state)")
     ax1.set_yscale("log")
+    heights = [r["items_per_s"] for res in by_batch.values() for r in res.values()
+               if r["items_per_s"] > 0]
+    if heights:  # room above the tallest bar for its two-line label (the axis is log)
+        lo, hi = min(heights), max(heights)
+        ax1.set_ylim(top=hi * max(1.6, (hi / lo) ** 0.2))
     ax1.set_title(f"{title}: throughput")
     if len(sizes) > 1:
         ax1.legend(fontsize=8)

@@ -11,7 +11,7 @@ import dynax as dx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import harness  # noqa: E402
+from benchmarks import harness, replot  # noqa: E402
 from benchmarks.tasks import bilstm_synthetic, char_tagger, tagger, treelstm  # noqa: E402
 
 # (module, make_batches kwargs, DynaxModel kwargs)
@@ -85,6 +85,14 @@ def test_harness_tables(tmp_path, capsys):
     assert "dynax/agenda" in capsys.readouterr().out
     harness.write_csv(list(res.values()), str(tmp_path / "t.csv"))
     assert (tmp_path / "t.csv").read_text().count("\n") == 4
+    # the CSV reads back as the plot's input (benchmarks.replot), numbers to 4 digits
+    by_batch, _, _ = replot.read_results(str(tmp_path / "t.csv"))
+    assert list(by_batch) == [8] and set(by_batch[8]) == {"none", "agenda", "hand"}
+    for s, r in res.items():
+        assert by_batch[8][s]["items_per_s"] == pytest.approx(r["items_per_s"], rel=1e-3)
+        assert by_batch[8][s]["x_none"] == pytest.approx(r["x_none"], rel=1e-3)
+    (tmp_path / "other.csv").write_text("optimizer,rate\nadam,1.0\n")
+    assert replot.read_results(str(tmp_path / "other.csv")) is None
 
 
 def test_summary_marks_targets_and_says_how_fast_the_machine_ran(capsys):

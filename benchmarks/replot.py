@@ -15,9 +15,10 @@ import os
 
 from . import harness
 
-# the system names in the CSVs, by the strategy keys the plot groups them under
-_KEYS = {"dynax/none": "none", "dynax/depth": "depth", "dynax/agenda": "agenda",
-         "hand-batched JAX": "hand"}
+# the system names in the CSVs (as the harness names its systems), by the strategy keys
+# the plot groups them under
+_KEYS = {**{f"dynax/{s}": s for s in harness.SYSTEMS if s != "hand"},
+         harness.HandSystem.name: "hand"}
 
 
 def read_results(path: str) -> tuple[dict, str, str] | None:

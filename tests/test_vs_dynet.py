@@ -1,0 +1,121 @@
+"""``benchmarks.vs_dynet``: dynax against DyNet itself in one run.
+
+DyNet is not a dependency (it has no wheel for Python 3.11 and builds from source), so the
+comparison with a real DyNet runs only where ``DYNAX_DYNET_PYTHON`` names a Python that can
+``import dynet``: there the DyNet models must train to the same losses as dynax's from the
+same parameters on the same batches. Everywhere, the parts that need no DyNet are tested:
+the parameter translation, the batch encoding and the errors a wrong interpreter gives.
+"""
+import os
+import shutil
+import sys
+import types
+
+import numpy as np
+import optax
+import pytest
+
+import dynax as dx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import harness, vs_dynet  # noqa: E402
+from benchmarks.tasks import tagger, treelstm  # noqa: E402
+
+TINY = {  # (module, make_batches kwargs, DynaxModel kwargs), as test_benchmark_tasks
+    "tagger": (tagger, dict(vocab=50, n_tags=4, min_len=2, max_len=6),
+               dict(vocab=50, emb=8, hid=6, mlp=5, n_tags=4)),
+    "treelstm": (treelstm, dict(vocab=50, max_leaves=6), dict(vocab=50, emb=8, hid=6)),
+}
+
+
+def tiny_task(name):
+    """A task namespace at tiny sizes, as DyNetSystem reads it."""
+    mod, data_kw, model_kw = TINY[name]
+    task = types.SimpleNamespace(
+        NAME=name, LR=mod.LR, UNIT=mod.UNIT, BATCH=3,
+        DynaxModel=lambda seed=0: mod.DynaxModel(seed=seed, **model_kw))
+    return task, mod.make_batches(3, seed=0, batch_size=3, **data_kw)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_initial_parameters_translate_one_to_one(name):
+    task, _ = tiny_task(name)
+    values = harness.initial_values(task)
+    init = vs_dynet.INITS[name](values)
+    # every dynax parameter goes over exactly once, unchanged
+    assert sorted(id(v) for v in init.values()) == sorted(id(v) for v in values.values())
+
+
+def test_batches_encode_as_plain_lists():
+    _, (batch, *_) = tiny_task("tagger")
+    enc = vs_dynet.encode_batch("tagger", batch)
+    assert enc == [[list(s.words), list(s.tags)] for s in batch]
+    _, (trees, *_) = tiny_task("treelstm")
+    enc = vs_dynet.encode_batch("treelstm", trees)
+    for (words, children, label), t in zip(enc, trees):
+        assert tuple(words) == t.words and label == t.label
+        assert [tuple(c) for c in children] == list(t.children)
+        assert len(children) == len(words) - 1
+
+
+def test_a_python_without_dynet_is_reported():
+    task, _ = tiny_task("tagger")
+    system = vs_dynet.DyNetSystem(task, sys.executable)  # this venv has no DyNet
+    try:
+        with pytest.raises(RuntimeError, match="cannot import DyNet"):
+            system.start()
+    finally:
+        system.close()
+
+
+def test_a_missing_interpreter_is_reported(tmp_path):
+    task, _ = tiny_task("treelstm")
+    system = vs_dynet.DyNetSystem(task, str(tmp_path / "no-such-python"))
+    with pytest.raises(RuntimeError, match="cannot run"):
+        system.start()
+    system.close()
+
+
+def test_a_worker_that_stops_is_reported():
+    task, _ = tiny_task("tagger")
+    system = vs_dynet.DyNetSystem(task, shutil.which("false"))  # exits without a reply
+    try:
+        with pytest.raises(RuntimeError, match="DyNet worker .* stopped"):
+            system.start()
+    finally:
+        system.close()
+
+
+def test_unknown_tasks_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        vs_dynet.main(["--dynet-python", sys.executable, "--task", "parser"])
+    assert "no DyNet model of task 'parser'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no DyNet model"):
+        vs_dynet.DyNetSystem(types.SimpleNamespace(NAME="rnnlm"), sys.executable)
+
+
+DYNET_PYTHON = os.environ.get("DYNAX_DYNET_PYTHON")
+
+
+@pytest.mark.skipif(not DYNET_PYTHON, reason="DYNAX_DYNET_PYTHON names no Python with DyNet")
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_dynet_trains_to_the_same_losses(name):
+    task, batches = tiny_task(name)
+    system = vs_dynet.DyNetSystem(task, DYNET_PYTHON)
+    try:
+        system.start()
+        dynet_losses = [system.update(b)["loss"] for b in batches]
+    finally:
+        system.close()
+    model = task.DynaxModel(seed=0)
+    trainer = dx.Trainer(model.pc, optax.adam(task.LR), sparse_updates=True)
+    losses = []
+    for b in batches:
+        dx.renew_cg(autobatch="agenda")
+        loss = model.loss(b)
+        losses.append(float(loss.value()))
+        loss.backward()
+        trainer.update()
+    np.testing.assert_allclose(dynet_losses, losses, rtol=1e-4)
+    assert losses[-1] != losses[0]  # the updates changed the parameters

@@ -26,8 +26,9 @@ def reply(obj) -> None:
 
 
 class Tagger:
-    """BiLSTM tagger: word lookups, one VanillaLSTMBuilder per direction, a tanh MLP and
-    the tag's cross-entropy per word (``benchmarks.tasks.tagger``)."""
+    """BiLSTM tagger: word lookups, one LSTM builder per direction (``CompactVanilla``:
+    fused nodes; or ``Vanilla``), a tanh MLP and the tag's cross-entropy per word
+    (``benchmarks.tasks.tagger``)."""
 
     def __init__(self, dy, pc, init, lstm_kind="compact", forget_bias=1.0):
         self.dy = dy
@@ -123,7 +124,7 @@ def main() -> None:
              else TreeLSTM(dy, pc, init))
     trainer = dy.AdamTrainer(pc, alpha=cfg["lr"])  # beta 0.9 / 0.999, eps 1e-8 as optax
     trainer.set_clip_threshold(0.0)  # no clipping: the same update as optax.adam
-    reply({"ready": True, "dynet": getattr(dy, "__version__", "2.x")})
+    reply({"ready": True})
     batches = {}
     for line in sys.stdin:
         msg = json.loads(line)

@@ -4,14 +4,15 @@
 The issue's DyNet figures (1,210 sentences/s, 1,100-1,240 trees/s) were measured elsewhere,
 on a machine whose speed swings by a third within minutes here. This puts DyNet 2.x in the
 same run instead: its models (``dynet_worker.py``) run in a child process under PYTHON, a
-Python with DyNet installed (DyNet cannot share a process with JAX's NumPy), and the harness
+Python with DyNet installed (its own venv: DyNet needs neither JAX nor dynax), and the harness
 interleaves its timed updates with dynax's block by block (``harness.run_systems``), on the
 same minibatches, from the same initial parameters. DyNet runs on one thread, with its
 agenda autobatching (``autobatch=1``). The first update's losses of the two must agree: a
 check that both compute the same function. Tables and a CSV per task go to ``--out``.
 
-DyNet 2.1.2 has no wheel for Python 3.11; its source distribution builds against Debian's
-Eigen 3.4 headers: see ``benchmarks/RESULTS.md``, "DyNet itself, side by side".
+DyNet 2.1.2 has no wheel for Python 3.11; ``benchmarks/build_dynet.sh`` builds it from its
+source distribution against Debian's Eigen 3.4 headers. Figures: ``benchmarks/RESULTS.md``,
+"DyNet itself, side by side".
 """
 from __future__ import annotations
 

@@ -179,7 +179,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dynet-python", required=True,
                     help="a Python interpreter that can 'import dynet'")
-    ap.add_argument("--task", default=",".join(TASKS), help=f"comma-separated of {TASKS}")
+    ap.add_argument("--task", default=",".join(TASKS),
+                    help=f"comma-separated, of {', '.join(TASKS)} (default: both)")
     ap.add_argument("--quick", action="store_true", help="a few updates only (a smoke run)")
     ap.add_argument("--cpu-threads", type=int, default=None,
                     help="XLA:CPU intra-op threads for dynax (default: one per core)")

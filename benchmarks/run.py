@@ -125,6 +125,9 @@ def print_summary(all_results: dict, default_batch: dict | None = None) -> None:
                                       default_batch.get("treelstm")))
     if line:
         print(line)
+    if any(t in all_results for t in ("tagger", "treelstm")):
+        print("DyNet's rates above are the issue's figures; `python -m benchmarks.vs_dynet` "
+              "runs DyNet itself beside dynax, on the same batches")
 
 
 def machine_speed(treelstm: dict) -> str | None:

@@ -111,6 +111,7 @@ def test_summary_marks_targets_and_says_how_fast_the_machine_ran(capsys):
     assert "[missed ] treelstm          agenda >= 2200 trees/s" in out
     assert "[not run] tagger" in out
     assert "ran 545 trees/s, 0.50x the ~1,090 trees/s" in out
+    assert "benchmarks.vs_dynet" in out  # where DyNet itself is measured
     run.print_summary({"tagger": {64: {"agenda": agenda}}}, {"tagger": 64})
     assert "Machine speed" not in capsys.readouterr().out
 

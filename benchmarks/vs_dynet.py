@@ -172,6 +172,9 @@ def compare(task, python: str, quick: bool = False, lstm: str = "compact") -> di
     print(f"first update's mean loss: dynax {a['loss_first']:.6f}, DyNet {d['loss_first']:.6f} "
           f"(relative difference {gap:.1e}, {'agree' if gap <= LOSS_RTOL else 'DIFFER'}); "
           f"last: {a['loss_last']:.6f} vs {d['loss_last']:.6f}", flush=True)
+    if gap > LOSS_RTOL:
+        print("WARNING: the two models compute different losses, so their rates do not "
+              "compare like with like", flush=True)
     return results
 
 

@@ -95,6 +95,40 @@ def test_unknown_tasks_are_refused(capsys):
         vs_dynet.DyNetSystem(types.SimpleNamespace(NAME="rnnlm"), sys.executable)
 
 
+FAKE_WORKER = """#!{python}
+# speaks dynet_worker's protocol with made-up figures: 10 ms per update, loss 1.0 per item
+import json, sys
+sys.stdin.readline()
+print("@@ " + json.dumps({{"ready": True}}), flush=True)
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg["op"] == "update":
+        print("@@ " + json.dumps({{"total": 0.01, "cpu": 0.01, "build": 0.002, "forward": 0.003,
+                                  "backward": 0.004, "update": 0.001, "loss": 3.0}}), flush=True)
+    elif msg["op"] == "quit":
+        break
+"""
+
+
+def test_compare_runs_both_systems_and_flags_different_losses(tmp_path, capsys):
+    """The protocol and the bookkeeping, end to end, against a stand-in worker (no DyNet):
+    rates from the worker's own timings, the table, and the warning that losses differ."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_WORKER.format(python=sys.executable))
+    fake.chmod(0o755)
+    task, _ = tiny_task("tagger")
+    task.make_batches = lambda n, seed, bs: TINY["tagger"][0].make_batches(
+        n, seed=seed, batch_size=bs, **TINY["tagger"][1])
+    results = vs_dynet.compare(task, str(fake), quick=True)
+    out = capsys.readouterr().out
+    assert results["dynet"]["items_per_s"] == pytest.approx(task.BATCH / 0.01)
+    assert results["dynet"]["loss_first"] == pytest.approx(1.0)  # 3.0 over 3 items
+    assert results["agenda"]["x_dynet"] == pytest.approx(
+        results["agenda"]["items_per_s"] / results["dynet"]["items_per_s"])
+    assert "DyNet (autobatch 1)" in out and "agenda / DyNet" in out
+    assert "WARNING: the two models compute different losses" in out
+
+
 DYNET_PYTHON = os.environ.get("DYNAX_DYNET_PYTHON")
 
 

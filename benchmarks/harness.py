@@ -434,6 +434,15 @@ def plot(by_batch: dict, unit: str, title: str, path: str) -> None:
 
 # ---- one task, every system -----------------------------------------------------------------
 
+def split_batches(task, counts: dict, batch_size: int, seed: int = 1) -> dict:
+    """``{key: (warm-up batches, timed batches)}`` for ``counts`` ``{key: (warm, timed)}``:
+    every system times the same first batches, and warms up on the ones after the longest
+    timed run (so no system warms up on a batch that another times)."""
+    n_timed = max(t for w, t in counts.values())
+    batches = task.make_batches(n_timed + max(w for w, t in counts.values()), seed, batch_size)
+    return {k: (batches[n_timed:n_timed + w], batches[:t]) for k, (w, t) in counts.items()}
+
+
 def run_task(task, strategies=SYSTEMS, quick: bool = False, batch_size: int | None = None,
              seed: int = 1) -> dict:
     """Run ``strategies`` (of none, depth, agenda, hand) on one task at one batch size;
@@ -444,17 +453,14 @@ def run_task(task, strategies=SYSTEMS, quick: bool = False, batch_size: int | No
     """
     bs = batch_size or task.BATCH
     counts = QUICK_COUNTS if quick else COUNTS
-    n_timed = max(t for w, t in counts.values())
-    batches = task.make_batches(n_timed + max(w for w, t in counts.values()), seed, bs)
-    systems, runs = {}, {}
+    systems = {}
     for s in strategies:
         if s == "hand" and getattr(task, "HandModel", None) is None:
             print(f"[skip] {task.NAME}: no hand-batched baseline", flush=True)
             continue
-        w, t = counts[s]
         systems[s] = HandSystem(task) if s == "hand" else DynaxSystem(task, s)
-        runs[s] = (batches[n_timed:n_timed + w], batches[:t])
-    results = run_systems(systems, runs, bs)
+    runs = split_batches(task, counts, bs, seed)  # over every system's counts, run or not
+    results = run_systems(systems, {s: runs[s] for s in systems}, bs)
     for s, r in results.items():
         r["task"], r["unit"] = task.NAME, task.UNIT
         print_result(r, task.UNIT)

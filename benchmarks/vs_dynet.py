@@ -29,7 +29,6 @@ import dynax as dx
 from . import harness
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dynet_worker.py")
-TASKS = ("tagger", "treelstm")
 LOSS_RTOL = 1e-4  # first-update losses of dynax and DyNet (float32 sums of ~1,400 terms)
 
 
@@ -57,6 +56,7 @@ def encode_batch(task_name: str, batch) -> list:
 
 
 INITS = {"tagger": tagger_init, "treelstm": treelstm_init}
+TASKS = tuple(INITS)  # the tasks with a DyNet model
 
 
 class DyNetSystem:
@@ -147,10 +147,8 @@ class DyNetSystem:
 
 def compare(task, python: str, quick: bool = False, lstm: str = "compact") -> dict:
     """Run dynax (agenda) and DyNet side by side on one task; print and return the results."""
-    counts = harness.QUICK_COUNTS if quick else harness.COUNTS
-    warm, n_timed = counts["agenda"]
-    batches = task.make_batches(n_timed + warm, 1, task.BATCH)  # as harness.run_task
-    runs = {k: (batches[n_timed:n_timed + warm], batches[:n_timed]) for k in ("agenda", "dynet")}
+    agenda = (harness.QUICK_COUNTS if quick else harness.COUNTS)["agenda"]
+    runs = harness.split_batches(task, {"agenda": agenda, "dynet": agenda}, task.BATCH)
     dynet = DyNetSystem(task, python, lstm=lstm)
     try:
         results = harness.run_systems({"agenda": harness.DynaxSystem(task, "agenda"),

@@ -12,19 +12,7 @@ import dynax as dx
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import harness, replot  # noqa: E402
-from benchmarks.tasks import bilstm_synthetic, char_tagger, tagger, treelstm  # noqa: E402
-
-# (module, make_batches kwargs, DynaxModel kwargs)
-TINY = {
-    "tagger": (tagger, dict(vocab=50, n_tags=4, min_len=2, max_len=6),
-               dict(vocab=50, emb=8, hid=6, mlp=5, n_tags=4)),
-    "bilstm_synthetic": (bilstm_synthetic, dict(vocab=50, n_tags=4, length=4),
-                         dict(vocab=50, emb=8, hid=6, n_tags=4)),
-    "char_tagger": (char_tagger, dict(vocab=50, n_tags=4, n_chars=7, min_len=2, max_len=6,
-                                      corpus_tokens=100),
-                    dict(vocab=50, emb=8, hid=6, mlp=5, n_tags=4, n_chars=7, cemb=3)),
-    "treelstm": (treelstm, dict(vocab=50, max_leaves=5), dict(vocab=50, emb=8, hid=6)),
-}
+from tiny_tasks import TINY  # noqa: E402
 
 
 def _setup(name, n_batches=1, batch_size=2):
@@ -169,3 +157,10 @@ def test_run_systems_interleaves_timed_blocks_in_alternating_order():
     assert res["b"]["precompile_pass_compiles"] == 1
     assert res["a"]["timed_updates"] == 4 and res["b"]["timed_updates"] == 3
     assert res["a"]["items_per_s"] == pytest.approx(4.0)
+
+
+def test_every_system_times_the_same_batches_and_warms_up_on_others():
+    task = type("Task", (), {"make_batches": staticmethod(lambda n, seed, bs: list(range(n)))})
+    runs = harness.split_batches(task, {"none": (2, 3), "agenda": (5, 20)}, 64)
+    assert runs["none"] == ([20, 21], [0, 1, 2])
+    assert runs["agenda"] == ([20, 21, 22, 23, 24], list(range(20)))

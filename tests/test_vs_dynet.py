@@ -20,25 +20,24 @@ import dynax as dx
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import harness, vs_dynet  # noqa: E402
-from benchmarks.tasks import tagger, treelstm  # noqa: E402
+from tiny_tasks import TINY  # noqa: E402
 
-TINY = {  # (module, make_batches kwargs, DynaxModel kwargs), as test_benchmark_tasks
-    "tagger": (tagger, dict(vocab=50, n_tags=4, min_len=2, max_len=6),
-               dict(vocab=50, emb=8, hid=6, mlp=5, n_tags=4)),
-    "treelstm": (treelstm, dict(vocab=50, max_leaves=6), dict(vocab=50, emb=8, hid=6)),
-}
+NAMES = sorted(vs_dynet.TASKS)  # the tasks with a DyNet model
 
 
 def tiny_task(name):
-    """A task namespace at tiny sizes, as DyNetSystem reads it."""
+    """A task namespace at tiny sizes, as DyNetSystem and ``compare`` read it, and three
+    batches of three."""
     mod, data_kw, model_kw = TINY[name]
     task = types.SimpleNamespace(
         NAME=name, LR=mod.LR, UNIT=mod.UNIT, BATCH=3,
-        DynaxModel=lambda seed=0: mod.DynaxModel(seed=seed, **model_kw))
-    return task, mod.make_batches(3, seed=0, batch_size=3, **data_kw)
+        DynaxModel=lambda seed=0: mod.DynaxModel(seed=seed, **model_kw),
+        make_batches=lambda n, seed, bs: mod.make_batches(n, seed=seed, batch_size=bs,
+                                                          **data_kw))
+    return task, task.make_batches(3, 0, 3)
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", NAMES)
 def test_initial_parameters_translate_one_to_one(name):
     task, _ = tiny_task(name)
     values = harness.initial_values(task)
@@ -59,29 +58,16 @@ def test_batches_encode_as_plain_lists():
         assert len(children) == len(words) - 1
 
 
-def test_a_python_without_dynet_is_reported():
+@pytest.mark.parametrize("python, message", [
+    (sys.executable, "cannot import DyNet"),  # this venv has no DyNet
+    ("/nonexistent/python", "cannot run"),
+    (shutil.which("false"), "DyNet worker .* stopped"),  # exits without a reply
+])
+def test_a_wrong_interpreter_is_reported(python, message):
     task, _ = tiny_task("tagger")
-    system = vs_dynet.DyNetSystem(task, sys.executable)  # this venv has no DyNet
+    system = vs_dynet.DyNetSystem(task, python)
     try:
-        with pytest.raises(RuntimeError, match="cannot import DyNet"):
-            system.start()
-    finally:
-        system.close()
-
-
-def test_a_missing_interpreter_is_reported(tmp_path):
-    task, _ = tiny_task("treelstm")
-    system = vs_dynet.DyNetSystem(task, str(tmp_path / "no-such-python"))
-    with pytest.raises(RuntimeError, match="cannot run"):
-        system.start()
-    system.close()
-
-
-def test_a_worker_that_stops_is_reported():
-    task, _ = tiny_task("tagger")
-    system = vs_dynet.DyNetSystem(task, shutil.which("false"))  # exits without a reply
-    try:
-        with pytest.raises(RuntimeError, match="DyNet worker .* stopped"):
+        with pytest.raises(RuntimeError, match=message):
             system.start()
     finally:
         system.close()
@@ -117,8 +103,6 @@ def test_compare_runs_both_systems_and_flags_different_losses(tmp_path, capsys):
     fake.write_text(FAKE_WORKER.format(python=sys.executable))
     fake.chmod(0o755)
     task, _ = tiny_task("tagger")
-    task.make_batches = lambda n, seed, bs: TINY["tagger"][0].make_batches(
-        n, seed=seed, batch_size=bs, **TINY["tagger"][1])
     results = vs_dynet.compare(task, str(fake), quick=True)
     out = capsys.readouterr().out
     assert results["dynet"]["items_per_s"] == pytest.approx(task.BATCH / 0.01)
@@ -133,7 +117,7 @@ DYNET_PYTHON = os.environ.get("DYNAX_DYNET_PYTHON")
 
 
 @pytest.mark.skipif(not DYNET_PYTHON, reason="DYNAX_DYNET_PYTHON names no Python with DyNet")
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", NAMES)
 def test_dynet_trains_to_the_same_losses(name):
     task, batches = tiny_task(name)
     system = vs_dynet.DyNetSystem(task, DYNET_PYTHON)

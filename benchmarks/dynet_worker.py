@@ -131,7 +131,7 @@ def main() -> None:
         if msg["op"] == "batch":
             batches[msg["id"]] = msg["data"]
         elif msg["op"] == "update":
-            c0, t0 = time.process_time(), time.perf_counter()
+            c0, h0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
             dy.renew_cg()
             loss = model.loss(batches[msg["id"]])
             t1 = time.perf_counter()
@@ -141,7 +141,8 @@ def main() -> None:
             t3 = time.perf_counter()
             trainer.update()
             t4 = time.perf_counter()
-            reply({"total": t4 - t0, "cpu": time.process_time() - c0, "build": t1 - t0,
+            reply({"total": t4 - t0, "cpu": time.process_time() - c0,
+                   "host_cpu": time.thread_time() - h0, "build": t1 - t0,
                    "forward": t2 - t1, "backward": t3 - t2, "update": t4 - t3,
                    "loss": value})
         elif msg["op"] == "quit":

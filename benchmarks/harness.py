@@ -147,7 +147,7 @@ class DynaxSystem:
         """One update of the loop a user writes: each update reads its loss and nothing
         else waits, so the backward pass and the optimizer step run on the device while the
         next graph is built."""
-        c0 = time.process_time()
+        c0, h0 = time.process_time(), time.thread_time()
         t0 = time.perf_counter()
         cg = dx.renew_cg(autobatch=self.strategy)
         loss = self.model.loss(batch)
@@ -156,10 +156,11 @@ class DynaxSystem:
         t1 = time.perf_counter()
         self.trainer.update()
         t2 = time.perf_counter()
-        cpu = time.process_time() - c0
+        cpu, host = time.process_time() - c0, time.thread_time() - h0
         st = cg.stats()
         sec = st["seconds"]
-        return {"total": t2 - t0, "cpu": cpu, **{k: sec[k] for k in PHASES[:4]},
+        return {"total": t2 - t0, "cpu": cpu, "host_cpu": host,
+                **{k: sec[k] for k in PHASES[:4]},
                 "wait": max(0.0, (t1 - t0) - sum(sec[k] for k in PHASES[:4])),
                 "update": t2 - t1, "loss": lv, "nodes": st["nodes"],
                 "batches": st["batches"], "launches": st["launches"],
@@ -199,13 +200,14 @@ class HandSystem:
         return list(first.values())
 
     def update(self, batch) -> dict:
-        n0, c0 = _compiles[0], time.process_time()
+        n0, c0, h0 = _compiles[0], time.process_time(), time.thread_time()
         t0 = time.perf_counter()
         loss, pack_s = self.model.update(batch)
         t1 = time.perf_counter()
         lv = float(loss)  # waits for the step
         t2 = time.perf_counter()
-        return {"total": t2 - t0, "cpu": time.process_time() - c0, "build": pack_s,
+        return {"total": t2 - t0, "cpu": time.process_time() - c0,
+                "host_cpu": time.thread_time() - h0, "build": pack_s,
                 "schedule": 0.0, "forward": t1 - t0 - pack_s, "backward": 0.0,
                 "wait": t2 - t1, "update": 0.0, "loss": lv, "nodes": 0, "batches": 0,
                 "launches": 0, "compiles": _compiles[0] - n0}
@@ -293,6 +295,7 @@ def summarise(name: str, rows: list, n_warm: int, batch_size: int) -> dict:
         "median_items_per_s": batch_size / statistics.median(r["total"] for r in timed),
         "fresh_items_per_s": batch_size / mean("total", warm) if warm else float("nan"),
         "ms_per_update": 1e3 * mean("total"), "cpu_ms_per_update": 1e3 * mean("cpu"),
+        "host_cpu_ms_per_update": 1e3 * mean("host_cpu"),
         **{f"{k}_ms": 1e3 * mean(k) for k in PHASES},
         "batches_per_update": mean("batches"), "launches_per_update": mean("launches"),
         "nodes_per_update": mean("nodes"),
@@ -323,8 +326,8 @@ def print_result(r: dict, unit: str) -> None:
     hand = not r["nodes_per_update"]
     split = (f"pack {r['build_ms']:.1f} + jitted step {r['forward_ms']:.1f}" if hand else
              " + ".join(f"{k} {r[k + '_ms']:.1f}" for k in PHASES))
-    print(f"   {r['ms_per_update']:.1f} ms/update (process CPU {r['cpu_ms_per_update']:.1f} ms);"
-          f" split: {split}")
+    print(f"   {r['ms_per_update']:.1f} ms/update (process CPU {r['cpu_ms_per_update']:.1f} ms, "
+          f"{r['host_cpu_ms_per_update']:.1f} of it on the Python thread); split: {split}")
     if hand:
         print(f"   {r.get('signatures', 0)} jit signatures; compiles per step after warm-up: "
               f"{r['compiles_per_step']:.2f}")

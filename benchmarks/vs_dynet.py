@@ -119,7 +119,8 @@ class DyNetSystem:
             self._send({"op": "batch", "id": self.sent[key],
                         "data": encode_batch(self.task.NAME, batch)})
         row = self._ask({"op": "update", "id": self.sent[key]})
-        return {"total": row["total"], "cpu": row["cpu"], "build": row["build"],
+        return {"total": row["total"], "cpu": row["cpu"], "host_cpu": row["host_cpu"],
+                "build": row["build"],
                 "schedule": 0.0, "forward": row["forward"], "backward": row["backward"],
                 "wait": 0.0, "update": row["update"], "loss": row["loss"], "nodes": 0,
                 "batches": 0, "launches": 0, "compiles": 0}
@@ -166,7 +167,8 @@ def compare(task, python: str, quick: bool = False, lstm: str = "compact") -> di
     a["first_loss_rel_diff"] = gap
     print(f"agenda / DyNet: {ratio:.2f}x ({a['items_per_s']:.0f} vs {d['items_per_s']:.0f} "
           f"{task.UNIT}/s; process CPU {a['cpu_ms_per_update']:.0f} vs "
-          f"{d['cpu_ms_per_update']:.0f} ms per update)")
+          f"{d['cpu_ms_per_update']:.0f} ms per update, on the Python thread "
+          f"{a['host_cpu_ms_per_update']:.0f} vs {d['host_cpu_ms_per_update']:.0f})")
     print(f"first update's mean loss: dynax {a['loss_first']:.6f}, DyNet {d['loss_first']:.6f} "
           f"(relative difference {gap:.1e}, {'agree' if gap <= LOSS_RTOL else 'DIFFER'}); "
           f"last: {a['loss_last']:.6f} vs {d['loss_last']:.6f}", flush=True)

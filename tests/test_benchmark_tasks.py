@@ -55,7 +55,8 @@ def test_char_tagger_batches_have_rare_words():
 def test_harness_tables(tmp_path, capsys):
     """The harness's bookkeeping on made-up timings (no JAX work): summary, ratios, table, CSV."""
     def rows(total, compiles):
-        return [{"total": total, "cpu": total, "build": total / 4, "schedule": 0.0,
+        return [{"total": total, "cpu": total, "host_cpu": total / 2, "build": total / 4,
+                 "schedule": 0.0,
                  "forward": total / 2, "backward": total / 4, "wait": 0.0, "update": 0.0,
                  "loss": 10.0 - i, "nodes": 5, "batches": 2, "launches": 2,
                  "compiles": compiles}
@@ -69,6 +70,9 @@ def test_harness_tables(tmp_path, capsys):
     assert res["agenda"]["x_hand"] == pytest.approx(2.0)
     assert res["agenda"]["loss_first"] == pytest.approx(10.0 / 8)
     assert res["agenda"]["compiles_per_step"] == 1 and res["agenda"]["timed_compiles"] == 3
+    assert res["agenda"]["host_cpu_ms_per_update"] == pytest.approx(50.0)
+    harness.print_result(res["agenda"], "sentences")
+    assert "(process CPU 100.0 ms, 50.0 of it on the Python thread)" in capsys.readouterr().out
     harness.print_table(res, "sentences")
     assert "dynax/agenda" in capsys.readouterr().out
     harness.write_csv(list(res.values()), str(tmp_path / "t.csv"))
@@ -120,9 +124,9 @@ class _FakeSystem:
         self.log.append((self.name, "update", batch))
         c = 1 if self.compiling > 0 else 0
         self.compiling -= 1
-        return {"total": 0.5, "cpu": 0.5, "build": 0.0, "schedule": 0.0, "forward": 0.0,
-                "backward": 0.0, "wait": 0.0, "update": 0.0, "loss": 1.0, "nodes": 1,
-                "batches": 1, "launches": 1, "compiles": c}
+        return {"total": 0.5, "cpu": 0.5, "host_cpu": 0.5, "build": 0.0, "schedule": 0.0,
+                "forward": 0.0, "backward": 0.0, "wait": 0.0, "update": 0.0, "loss": 1.0,
+                "nodes": 1, "batches": 1, "launches": 1, "compiles": c}
 
     def settle(self):
         self.log.append((self.name, "settle"))

@@ -89,8 +89,9 @@ print("@@ " + json.dumps({{"ready": True}}), flush=True)
 for line in sys.stdin:
     msg = json.loads(line)
     if msg["op"] == "update":
-        print("@@ " + json.dumps({{"total": 0.01, "cpu": 0.01, "build": 0.002, "forward": 0.003,
-                                  "backward": 0.004, "update": 0.001, "loss": 3.0}}), flush=True)
+        print("@@ " + json.dumps({{"total": 0.01, "cpu": 0.01, "host_cpu": 0.008, "build": 0.002,
+                                  "forward": 0.003, "backward": 0.004, "update": 0.001,
+                                  "loss": 3.0}}), flush=True)
     elif msg["op"] == "quit":
         break
 """
@@ -109,7 +110,11 @@ def test_compare_runs_both_systems_and_flags_different_losses(tmp_path, capsys):
     assert results["dynet"]["loss_first"] == pytest.approx(1.0)  # 3.0 over 3 items
     assert results["agenda"]["x_dynet"] == pytest.approx(
         results["agenda"]["items_per_s"] / results["dynet"]["items_per_s"])
+    assert results["dynet"]["host_cpu_ms_per_update"] == pytest.approx(8.0)
+    agenda = results["agenda"]  # dynax's own clocks: its Python thread is part of the process
+    assert 0 < agenda["host_cpu_ms_per_update"] <= agenda["cpu_ms_per_update"] + 1e-6
     assert "DyNet (autobatch 1)" in out and "agenda / DyNet" in out
+    assert "on the Python thread" in out
     assert "WARNING: the two models compute different losses" in out
 
 

@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# two worker processes: 8 min 42 s against 11 min 4 s in one on the 2-core CI machine (session 32);
-# more would each compile the same kernels again and share the same cores
+# two worker processes (pytest-xdist): 8 min 42 s against 11 min 4 s in one, on a 2-core machine
+# (session 32); more would each compile the same kernels again and share the same cores
 test: $(STAMP)
 	$(PY) -m pytest --numprocesses=2
 

@@ -120,10 +120,9 @@ class DyNetSystem:
                         "data": encode_batch(self.task.NAME, batch)})
         row = self._ask({"op": "update", "id": self.sent[key]})
         return {"total": row["total"], "cpu": row["cpu"], "host_cpu": row["host_cpu"],
-                "build": row["build"],
-                "schedule": 0.0, "forward": row["forward"], "backward": row["backward"],
-                "wait": 0.0, "update": row["update"], "loss": row["loss"], "nodes": 0,
-                "batches": 0, "launches": 0, "compiles": 0}
+                "build": row["build"], "schedule": 0.0, "forward": row["forward"],
+                "backward": row["backward"], "wait": 0.0, "update": row["update"],
+                "loss": row["loss"], "nodes": 0, "batches": 0, "launches": 0, "compiles": 0}
 
     def settle(self):
         pass  # DyNet computes synchronously: each update has finished when it returns

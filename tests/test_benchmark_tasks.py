@@ -56,9 +56,8 @@ def test_harness_tables(tmp_path, capsys):
     """The harness's bookkeeping on made-up timings (no JAX work): summary, ratios, table, CSV."""
     def rows(total, compiles):
         return [{"total": total, "cpu": total, "host_cpu": total / 2, "build": total / 4,
-                 "schedule": 0.0,
-                 "forward": total / 2, "backward": total / 4, "wait": 0.0, "update": 0.0,
-                 "loss": 10.0 - i, "nodes": 5, "batches": 2, "launches": 2,
+                 "schedule": 0.0, "forward": total / 2, "backward": total / 4, "wait": 0.0,
+                 "update": 0.0, "loss": 10.0 - i, "nodes": 5, "batches": 2, "launches": 2,
                  "compiles": compiles}
                 for i in range(4)]
     res = {"none": harness.summarise("dynax/none", rows(1.0, 0), 1, 8),

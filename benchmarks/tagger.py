@@ -39,8 +39,7 @@ def main(argv=None) -> dict:
         if s not in ("none", "depth", "agenda"):
             ap.error(f"unknown strategy {s!r}")
     counts = harness.QUICK_COUNTS if args.quick else harness.COUNTS
-    n_timed = max(counts[s][1] for s in strategies)
-    batches = task.make_batches(n_timed + max(counts[s][0] for s in strategies), 1, task.BATCH)
+    split = harness.split_batches(task, {s: counts[s] for s in strategies}, task.BATCH)
     print(f"BiLSTM tagger, {task.BATCH} sentences/update, vocab {task.VOCAB} x emb {task.EMB}: "
           f"sparse vs dense lookup updates; jax {jax.__version__} on "
           f"{jax.devices()[0].platform}", flush=True)
@@ -49,10 +48,9 @@ def main(argv=None) -> dict:
     for opt, make_tx in OPTIMIZERS.items():
         for mode, sparse in MODES.items():
             for s in strategies:
-                w, t = counts[s]
                 systems[opt, mode, s] = harness.DynaxSystem(
                     task, s, sparse_updates=sparse, tx=make_tx(), name=f"{opt}/{mode}/{s}")
-                runs[opt, mode, s] = (batches[n_timed:n_timed + w], batches[:t])
+                runs[opt, mode, s] = split[s]
     results = harness.run_systems(systems, runs, task.BATCH)  # timed side by side
     for (opt, mode, s), r in results.items():
         r.update(task=task.NAME, unit=task.UNIT, optimizer=opt, lookup_updates=mode,

@@ -640,6 +640,48 @@ def test_birnn_with_a_custom_step(strategy):
 
 
 @pytest.mark.parametrize("strategy", ("none", "agenda"))
+def test_birnn_of_two_layers_with_a_custom_step(strategy):
+    """Layer 2 of builders with their own step reads the concatenated outputs below (a
+    concatenation node per position), through the builder's step."""
+    pc = dx.ParameterCollection(seed=4)
+    bi = dx.nn.BiRNNBuilder(2, IN, 2 * HID, pc, _ScaledRNN)
+    xs = [_rand(IN) for _ in range(4)]
+    cg = dx.renew_cg(autobatch=strategy)
+    outs = bi.transduce([dx.input(x) for x in xs])
+    names = [s.op.name for s in cg.node_sig]
+    assert names.count("concatenate") == 2 * len(xs)  # between the layers, and transduce's
+    assert not any(m.startswith("bidirectional") for m in names)
+
+    def scaled(x, state, *params):
+        return ref_rnn(0.5 * x, state, *params)
+
+    want = ref_birnn(scaled, 1, 2, [p.value for p in pc.parameters()], xs)
+    np.testing.assert_allclose(np.stack([o.npvalue() for o in outs]), np.stack(want), **TOL)
+
+
+def test_birnn_disable_dropout_stops_it_in_both_directions_of_every_layer():
+    pc = dx.ParameterCollection(seed=6)
+    bi = dx.nn.BiRNNBuilder(2, IN, 2 * HID, pc, dx.nn.SimpleRNNBuilder)
+    xs = [_rand(IN) for _ in range(3)]
+
+    def run(seed=2):
+        cg = dx.renew_cg(seed=seed)
+        outs = [o.npvalue() for o in bi.transduce([dx.input(x) for x in xs])]
+        return np.stack(outs), [s.op.name for s in cg.node_sig]
+
+    plain, _ = run()
+    bi.set_dropout(0.5)
+    dropped, names = run()
+    assert "dropout" in names and not np.allclose(dropped, plain)
+    bi.disable_dropout()
+    assert all(b.dropout_rate == b.dropout_rate_h == 0.0 for pair in bi.builder_layers
+               for b in pair)
+    again, names = run()
+    assert "dropout" not in names
+    np.testing.assert_allclose(again, plain, **TOL)
+
+
+@pytest.mark.parametrize("strategy", ("none", "agenda"))
 def test_birnn_of_coupled_lstms(strategy):
     """Two layers of CoupledLSTMBuilder (five weights a direction) in the one-node-per-
     position path: values and gradients against the reference."""
@@ -892,6 +934,38 @@ def test_class_factored_layout_and_errors():
     dx.renew_cg()
     lc = CLASS_SOFT.class_log_distribution(dx.input(np.ones(HID)))
     np.testing.assert_allclose(np.exp(lc.npvalue()).sum(), 1.0, rtol=1e-5)
+
+
+def test_class_factored_refuses_bad_arguments_and_adds_nothing(tmp_path):
+    pc = dx.ParameterCollection(seed=0)
+    cls = dx.nn.ClassFactoredSoftmaxBuilder
+    path = tmp_path / "clusters.txt"
+    path.write_text("1 the\n2 cat\n")
+    cases = [
+        (TypeError, r"the arguments are \(input_dim, word_to_class, pc\[, bias\]\); got 2",
+         lambda: cls(HID, [0, 1])),
+        (TypeError, r"the arguments are \(input_dim, word_to_class, pc\[, bias\]\); got 5",
+         lambda: cls(HID, [0, 1], pc, True, "extra")),
+        (ValueError, "class of word 1 must be a non-negative int, got -1",
+         lambda: cls(HID, [0, -1, 0], pc)),
+        (ValueError, "class of word 0 must be a non-negative int, got 1.0",
+         lambda: cls(HID, [1.0, 0], pc)),
+        (ValueError, "class of word 1 must be a non-negative int, got True",
+         lambda: cls(HID, [0, True], pc)),
+        (TypeError, "word_dict must map each word to its id, got list",
+         lambda: cls(HID, path, ["the", "cat"], pc)),
+        (ValueError, r"word_dict's ids must be 0..1, each once",
+         lambda: cls(HID, path, {"the": 0, "cat": 2}, pc)),
+        (ValueError, r"word_dict's ids must be 0..1, each once",
+         lambda: cls(HID, path, {"the": 1, "cat": 1}, pc)),
+        (ValueError, "word_dict is empty", lambda: cls(HID, path, {}, pc)),
+        (TypeError, "word_dict's ids must be ints, got 'x'",
+         lambda: cls(HID, path, {"the": 0, "cat": "x"}, pc)),
+    ]
+    for error, match, make in cases:
+        with pytest.raises(error, match=f"ClassFactoredSoftmaxBuilder: {match}"):
+            make()
+    assert pc.parameters() == []
 
 
 @pytest.mark.parametrize("strategy", ["none", "agenda"])

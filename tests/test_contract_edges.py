@@ -161,6 +161,40 @@ def test_bad_subcollection_names_are_refused(name):
         dx.ParameterCollection().add_subcollection(name)
 
 
+@pytest.mark.parametrize("name", ["a b", "W!", "x:y"])
+def test_bad_parameter_names_are_refused_without_drawing_a_key(name):
+    a, b = dx.ParameterCollection(seed=3), dx.ParameterCollection(seed=3)
+    with pytest.raises(dx.InvalidArgumentError,
+                       match=f"parameter name 'enc/{name}' may contain only letters"):
+        a.add_subcollection("enc").add_parameters((3, 2), name=name)
+    with pytest.raises(dx.InvalidArgumentError, match=f"parameter name '{name}' may contain"):
+        a.add_lookup_parameters((3, 2), name=name)
+    assert a.parameters() == []
+    np.testing.assert_array_equal(a.add_parameters((3, 2)).value, b.add_parameters((3, 2)).value)
+
+
+def test_parameters_repr_names_kind_name_and_shape():
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_subcollection("enc").add_parameters((2, 3), name="W")
+    E = pc.add_lookup_parameters((5, 4), name="E")
+    assert repr(W) == "Parameter('enc/W', shape=(2, 3))"
+    assert repr(E) == "LookupParameter('E', shape=(5, 4))"
+
+
+@pytest.mark.parametrize("bad,match", [
+    ([[1.0, 2.0, 3.0], [4.0]], "set_value of W: cannot make an array of list"),
+    (np.zeros((3, 2)), r"set_value: W has shape \(2, 3\), got \(3, 2\)"),
+    (np.zeros(6), r"set_value: W has shape \(2, 3\), got \(6,\)"),
+])
+def test_set_value_refuses_what_is_not_an_array_of_the_shape_and_changes_nothing(bad, match):
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((2, 3), name="W")
+    before = np.array(W.value)
+    with pytest.raises(dx.InvalidArgumentError, match=match):
+        W.set_value(bad)
+    np.testing.assert_array_equal(W.value, before)
+
+
 def test_arrays_the_user_holds_survive_an_update():
     """Tables are updated in place (donated); an array the user took from the table, or gave
     it through a callable init, stays valid and unchanged."""
@@ -640,3 +674,17 @@ def test_an_interrupted_forward_stops_its_graph_and_the_next_one_runs(monkeypatc
     np.testing.assert_allclose(loss.value(), ref(jnp.asarray(W.value)), rtol=1e-6)
     np.testing.assert_allclose(W.grad, jax.grad(ref)(jnp.asarray(W.value)), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_an_expressions_shape_dtype_and_length_are_known_before_it_is_computed():
+    """``shape``, its DyNet spelling ``dim()``, ``dtype`` and ``len()`` (the first axis, as
+    NumPy's) need no value: nothing runs; ``len()`` of a scalar is a TypeError, as NumPy's."""
+    cg = dx.renew_cg()
+    m = dx.input(np.ones((4, 3), np.float64))  # stored as float32, as every value
+    s = dx.sum_elems(m)
+    assert m.shape == m.dim() == (4, 3) and s.shape == s.dim() == ()
+    assert m.dtype == s.dtype == np.float32
+    assert len(m) == 4 and len(dx.transpose(m)) == 3
+    with pytest.raises(TypeError, match="len\\(\\) of a 0-d expression"):
+        len(s)
+    assert cg.stats()["batches"] == 0

@@ -484,6 +484,45 @@ def test_tracing_errors_in_a_function_reach_the_user_as_they_are(fn, error):
     assert g.stats()["nodes"] == 0
 
 
+@dx.function
+def _scaled(x, M, how):
+    return jnp.tanh(M @ x) * (1.0 if how is None else how[0])
+
+
+@pytest.mark.parametrize("call, what", [
+    (lambda x: _scaled(x, W, (1.0, [2.0])), "static argument (1.0, [2.0]) is not hashable"),
+    (lambda x: _scaled(x, W, {"scale": 2.0}), "unsupported argument of type dict"),
+    (lambda x: _scaled(x, jnp.ones((4, 3)), None), "argument 1 is a JAX array mixed with"),
+    (lambda x: _scaled(x, W, how=None), "positional arguments only"),
+], ids=["unhashable-static", "dict", "jax-array", "keyword"])
+def test_function_arguments_it_cannot_take_are_named(call, what):
+    """A dx.function node's arguments: Expressions, Parameters, NumPy arrays and integers,
+    and hashable statics. Anything else is an ArgumentTypeError naming the function and
+    the argument, at the user's line, and the graph is unchanged."""
+    g = dx.renew_cg()
+    x = inp(3)
+    st0 = g.stats()
+    with pytest.raises(dx.ArgumentTypeError) as ei:
+        call(x)
+    check_message(ei.value, "_scaled", what)
+    assert (g.stats()["nodes"], g.stats()["values"]) == (st0["nodes"], st0["values"])
+    # the same function still builds nodes, with a static tuple and with None
+    np.testing.assert_allclose(_scaled(x, W, (2.0,)).npvalue(),
+                               2 * _scaled(x, W, None).npvalue(), rtol=1e-6)
+
+
+def test_function_with_plain_arrays_is_a_plain_call():
+    """Without an Expression or Parameter argument (JAX or NumPy arrays only, as inside
+    another traced function) a dx.function runs its JAX function and adds no node."""
+    g = dx.renew_cg()
+    m, x = np.ones((4, 3), np.float32), np.array([0.5, -1.0, 2.0], np.float32)
+    for args in ((jnp.asarray(x), jnp.asarray(m), None), (x, m, (3.0,))):
+        out = _scaled(*args)
+        want = np.tanh(m @ x) * (1.0 if args[2] is None else 3.0)
+        np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
+    assert g.stats()["nodes"] == 0
+
+
 def test_stale_expressions_given_to_builders_name_the_builder_and_the_user_line():
     pc = dx.ParameterCollection(seed=0)
     lstm = dx.nn.LSTMBuilder(1, 3, 5, pc)
@@ -538,6 +577,52 @@ def test_backward_through_values_of_changed_parameters_is_refused(change, tmp_pa
     new_loss.backward()
     want = jax.grad(lambda w: jnp.sum(jnp.tanh(w @ x)))(jnp.asarray(w))
     np.testing.assert_allclose(np.asarray(W.grad), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+@dx.function
+def _dict_out(x):
+    return {"x": x}
+
+
+IMAGE = np.ones((5, 5, 1), np.float32)
+FILTER = np.ones((2, 2, 1, 1), np.float32)
+
+
+@pytest.mark.parametrize("call, error, what", [
+    (lambda x, s: dx.cmult(2.0, 3.0), dx.ArgumentTypeError,
+     "cmult: at least one argument must be an Expression or Parameter"),
+    (lambda x, s: dx.affine_transform([x, W]), dx.InvalidArgumentError,
+     "affine_transform: expected [b, W1, x1, ...] (odd length), got 2 items"),
+    (lambda x, s: dx.concatenate([x, x], 1.0), dx.ArgumentTypeError,
+     "concatenate: axis d must be an int, got 1.0"),
+    (lambda x, s: s[0:1], dx.ShapeError, "slice: a scalar has no dimension"),
+    (lambda x, s: jax.jit(lambda a: dx.tanh(a))(jnp.ones(3)), dx.ArgumentTypeError,
+     "tanh: dynax ops build graph nodes, so they cannot run on traced JAX values"),
+    (lambda x, s: jax.jit(dx.input)(jnp.ones(3)), dx.ArgumentTypeError,
+     "input: dynax ops build graph nodes, so they cannot run on traced JAX values"),
+    (lambda x, s: _dict_out(x), dx.ArgumentTypeError,
+     "_dict_out: outputs must be arrays or a tuple of arrays"),
+    (lambda x, s: dx.select_rows(x, [0]), dx.ShapeError,
+     "select_rows: expected a matrix, got shape (3,)"),
+    (lambda x, s: dx.conv2d(IMAGE, FILTER, [1, 1], is_valid=1), dx.InvalidArgumentError,
+     "conv2d: is_valid must be True or False, got 1"),
+    (lambda x, s: dx.conv2d_bias(IMAGE, FILTER, None, [1, 1]), dx.InvalidArgumentError,
+     "conv2d_bias: the bias b is required"),
+], ids=["two-numbers", "affine-even", "concatenate-axis", "slice-scalar", "traced-operand",
+        "traced-input", "function-dict-output", "select-rows-vector", "conv-flag",
+        "conv-bias-none"])
+def test_arguments_an_op_cannot_take_are_named(call, error, what):
+    """Numbers only, a list of the wrong length, an axis that is not an int, a slice of a
+    scalar, and JAX's traced values (a dynax op under jax.jit): each refused with the op's
+    name and what is wrong, at the user's line; the graph is unchanged."""
+    g = dx.renew_cg()
+    x = inp(3)
+    s = dx.sum_elems(x)
+    st0 = g.stats()
+    with pytest.raises(error) as ei:
+        call(x, s)
+    check_message(ei.value, what.split(":")[0], what)
+    assert (g.stats()["nodes"], g.stats()["values"]) == (st0["nodes"], st0["values"])
 
 
 def test_scalar_value_of_a_vector_names_the_line():

@@ -3,6 +3,8 @@
 Values and parameter gradients of a block inside a dynax graph are compared with plain JAX
 (``module.apply`` and ``jax.grad`` over the same parameter tree) under every strategy.
 """
+import collections
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -365,3 +367,158 @@ def test_equal_keyword_values_of_different_types_are_different_settings():
     assert (b2.output_shapes, b3.output_shapes) == ([(OUT,)], [(2,)])
     dx.renew_cg()
     np.testing.assert_allclose(b3(dx.input(x)).npvalue(), np.asarray(want)[:2] / 2.0, **TOL)
+
+
+# Parameter leaves inside containers: a namedtuple (attribute keys), a tuple (sequence keys),
+# a pytree node registered without keys (flattened-index keys) and one registered with keys
+# of its own type (named by their str, made a valid dynax name).
+Pair = collections.namedtuple("Pair", "a b")
+
+
+class Opaque:
+    def __init__(self, w):
+        self.w = w
+
+
+class OddKey:
+    def __str__(self):
+        return "w[1]"
+
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):
+        return isinstance(other, OddKey)
+
+
+class Keyed:
+    def __init__(self, w):
+        self.w = w
+
+
+jax.tree_util.register_pytree_node(Opaque, lambda o: ((o.w,), None), lambda _, c: Opaque(*c))
+jax.tree_util.register_pytree_with_keys(Keyed, lambda o: (((OddKey(), o.w),), None),
+                                        lambda _, c: Keyed(*c))
+
+
+class Containers(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        pair = self.param("pair", lambda k: Pair(jnp.ones(IN), jnp.zeros(IN)))
+        seq = self.param("seq", lambda k: (jnp.full(IN, 2.0),))
+        opaque = self.param("opaque", lambda k: Opaque(jnp.full(IN, 3.0)))
+        keyed = self.param("keyed", lambda k: Keyed(jnp.full(IN, 0.5)))
+        return pair.a * x + pair.b + seq[0] + opaque.w * keyed.w
+
+
+def test_parameters_inside_containers_are_named_by_their_path():
+    pc = dx.ParameterCollection(seed=0)
+    block = dx.nn.from_flax(Containers(), pc, np.zeros(IN, np.float32))
+    assert [p.name for p in pc.parameters()] == [
+        "Containers/keyed/w_1_", "Containers/opaque/0", "Containers/pair/a",
+        "Containers/pair/b", "Containers/seq/0"]
+    assert repr(block) == "FlaxBlock(Containers, inputs=((4,),), parameters=5)"
+    pc["Containers/pair/a"].set_value(np.full(IN, 2.0, np.float32))
+    dx.renew_cg()
+    got = block(dx.input(XS[0])).npvalue()
+    np.testing.assert_allclose(got, 2.0 * XS[0] + 3.5, **TOL)
+    np.testing.assert_allclose(
+        got, np.asarray(jax.jit(Containers().apply)(block.flax_variables(), XS[0])), **TOL)
+
+
+class Widths(nn.Module):
+    """A list field: the module cannot be hashed (nor cached by ``jax.jit``'s static args)."""
+    widths: list
+
+    @nn.compact
+    def __call__(self, x):
+        for w in self.widths:
+            x = nn.Dense(w)(x)
+        return x
+
+
+def test_a_module_with_unhashable_fields_works_with_a_kernel_of_its_own():
+    module = Widths(widths=[5, OUT])
+    with pytest.raises(TypeError):
+        hash(module)
+    pc = dx.ParameterCollection(seed=0)
+    key = jax.random.PRNGKey(1)
+    first = dx.nn.from_flax(module, pc, XS[0], rng=key)
+    second = dx.nn.from_flax(Widths(widths=[5, OUT]), pc, XS[0], rng=key)
+    want = jax.jit(module.init)(key, XS[0])["params"]
+    for p, leaf in zip(first.params, jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(p.value), np.asarray(leaf), err_msg=p.name)
+    assert first._default[0] is not second._default[0]  # no shared Function
+    dx.renew_cg()
+    out = first(dx.input(XS[1]))
+    np.testing.assert_allclose(
+        out.npvalue(), np.asarray(jax.jit(module.apply)(first.flax_variables(), XS[1])), **TOL)
+
+
+class Counter(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        self.param("n", lambda k: jnp.zeros((2,), jnp.int32))
+        return x
+
+
+class Silent(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        nn.Dense(2)(x)
+        return {}
+
+
+class Argmax(nn.Module):
+    @nn.compact
+    def __call__(self, x, as_int=True):
+        y = nn.Dense(OUT)(x)
+        return jnp.argmax(y) if as_int else y
+
+
+def test_an_example_input_of_ints_or_bools_is_taken_as_dx_input_takes_it():
+    """dx.input stores float, int and bool arrays as float32; an example input may be
+    any of them, and the block computes what the module does on the float32 values."""
+    for example in (np.array([True, False, True, False]), np.arange(IN)):
+        pc = dx.ParameterCollection(seed=0)
+        block = dx.nn.from_flax(MLP(), pc, example)
+        dx.renew_cg()
+        want = MLP().apply(block.flax_variables(), example.astype(np.float32))
+        np.testing.assert_allclose(block(dx.input(example)).npvalue(), want, rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_bad_examples_and_modules_are_refused_and_add_nothing():
+    pc = dx.ParameterCollection(seed=0)
+    cases = [
+        (ValueError, r"example input 0 has dtype complex64", lambda: dx.nn.from_flax(
+            MLP(), pc, np.ones(IN, np.complex64))),
+        (ValueError, r"example input 1 has dtype <U1", lambda: dx.nn.from_flax(
+            TwoHeads(), pc, (XS[0], np.array(list("abcd"))))),
+        (ValueError, "example_input is an empty tuple",
+         lambda: dx.nn.from_flax(MLP(), pc, ())),
+        (ValueError, "parameter 'n' of Counter has dtype int32",
+         lambda: dx.nn.from_flax(Counter(), pc, XS[0])),
+        (ValueError, "Silent returned no arrays", lambda: dx.nn.from_flax(Silent(), pc, XS[0])),
+        (ValueError, "Argmax returns a int32 array",
+         lambda: dx.nn.from_flax(Argmax(), pc, XS[0])),
+    ]
+    for error, match, call in cases:
+        with pytest.raises(error, match=match):
+            call()
+    assert pc.parameters() == []
+    net = nnx.Linear(IN, OUT, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match=r"variables= is for linen modules; an nnx module "
+                                        r"\(Linear\)"):
+        dx.nn.from_flax(net, pc, XS[0], variables={"params": {}})
+    assert pc.parameters() == []
+    block = dx.nn.from_flax(net, pc, XS[0])
+    with pytest.raises(TypeError, match="flax_variables: an nnx block"):
+        block.flax_variables()
+    # a call whose keywords make the module return integers: refused, the graph unchanged
+    argmax = dx.nn.from_flax(Argmax(), pc, XS[0], call_kwargs={"as_int": False})
+    cg = dx.renew_cg()
+    before = cg.stats()["nodes"], cg.stats()["values"]
+    with pytest.raises(ValueError, match="Argmax, as_int=True returns a int32 array"):
+        argmax(XS[0], as_int=True)
+    assert (cg.stats()["nodes"], cg.stats()["values"]) == before

@@ -46,8 +46,20 @@ def _cell(W, U, b, h, x):  # one node per step, so the agenda can fuse a chain i
     return jnp.tanh(W @ h + U @ x + b)
 
 
+@dx.function
+def _cell_unpacked(W, U, b, h, x):  # _cell's math as an op of its own: kernels of its own
+    return jnp.tanh(W @ h + U @ x + b)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "unpacked"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_gradient_of_every_state_of_a_recurrent_chain(strategy):
+def test_gradient_of_every_state_of_a_recurrent_chain(strategy, packed, monkeypatch):
+    """``unpacked``: every saved residual returned as a buffer of its own, the path of
+    large residuals (``kernels._pack``), instead of one flat buffer per dtype."""
+    cell = _cell
+    if not packed:
+        monkeypatch.setattr(dx.executor.kernels, "PACK_MAX_ELEMENTS", 1)
+        cell = _cell_unpacked
     pc, W, U, b = _model()
     seqs = _data()
     cg = dx.renew_cg(autobatch=strategy)
@@ -56,7 +68,7 @@ def test_gradient_of_every_state_of_a_recurrent_chain(strategy):
         h = dx.zeros(3)
         hs = []
         for x in xs:
-            h = _cell(W, U, b, h, dx.input(x))
+            h = cell(W, U, b, h, dx.input(x))
             hs.append(h)
         states.append(hs)
         losses.append(dx.sum_elems(h * h) * 0.5 + dx.sum_elems(h))

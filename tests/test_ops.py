@@ -152,12 +152,15 @@ case("matmul_mv_expr_expr", {**M23, **A3},
      lambda r, k: {"X": normal(r, 2, 3), "x": normal(r, 3)},
      lambda P, d: em(P, d["X"]) @ ev(P, d["x"]),
      lambda V, d: (d["X"] + V["M"]) @ (d["x"] + V["A"]))
+case("matmul_mv_array_expr", A3, lambda r, k: {"X": normal(r, 2, 3), "x": normal(r, 3)},
+     lambda P, d: d["X"] @ ev(P, d["x"]),  # a NumPy matrix on the left: Expression.__rmatmul__
+     lambda V, d: d["X"] @ (d["x"] + V["A"]))
 
 # ---- unary elementwise --------------------------------------------------------------------------
 
 for _name, _f, _g in (("tanh", dx.tanh, jnp.tanh), ("logistic", dx.logistic, jax.nn.sigmoid),
                       ("rectify", dx.rectify, jax.nn.relu), ("exp", dx.exp, jnp.exp),
-                      ("log", dx.log, jnp.log)):
+                      ("log", dx.log, jnp.log), ("abs", dx.abs, jnp.abs)):
     _params, _data = (AP3, vec_data(positive)) if _name == "log" else (A3, vec_data())
     case(f"{_name}_expr", _params, _data,
          lambda P, d, f=_f: f(ev(P, d["x"])), lambda V, d, g=_g: g(d["x"] + V["A"]))
@@ -326,6 +329,25 @@ case("function_single", {**M23, **A3, "b": ((2,), "glorot")}, vec_data(),
 case("function_tuple", M23, vec_data(),
      lambda P, d: two_out(inp(d["x"]), P["M"], 2.0),
      lambda V, d: (jnp.tanh(V["M"] @ d["x"]) * 2.0, jax.nn.sigmoid(V["M"] @ d["x"])))
+
+
+@dx.function
+def shifted(x, W, offsets, mode, k):
+    """Static tuple and None arguments, and a per-instance NumPy integer: these take
+    ``Function``'s general path (the fast one knows Expressions, Parameters, int, float and
+    str only)."""
+    h = W @ x + jnp.asarray(offsets)
+    h = jnp.tanh(h) if mode is None else jax.nn.relu(h)
+    return h * x[k]
+
+
+case("function_static_tuple_none", {**M23, **A3}, lambda r, k: {**vec_data()(r, k), "k": k},
+     lambda P, d: shifted(ev(P, d["x"]), P["M"], (0.5, -0.25), None, np.int32(d["k"])),
+     lambda V, d: (jnp.tanh(V["M"] @ (d["x"] + V["A"]) + jnp.array([0.5, -0.25]))
+                   * (d["x"] + V["A"])[d["k"]]))
+case("function_numpy_constant", {**M23, "b": ((2,), "glorot")}, vec_data(),
+     lambda P, d: ffn(d["x"], P["M"], P["b"]),  # a NumPy array: a constant input
+     lambda V, d: jnp.tanh(V["M"] @ d["x"] + V["b"]))
 
 
 # ---- DyNet's further ops (dynax/ops/extra.py) ---------------------------------------------------

@@ -237,3 +237,135 @@ def test_save_keeps_the_files_mode_and_a_symlink(tmp_path):
         pc.populate(old)
     finally:
         os.umask(old_umask)
+
+
+@pytest.mark.parametrize("fault", [OSError(28, "No space left on device"), KeyboardInterrupt()],
+                         ids=["disk_full", "interrupted"])
+def test_a_save_failing_while_writing_leaves_the_previous_file(tmp_path, monkeypatch, fault):
+    """An error (or Ctrl-C) while the new file is written: the temporary file is removed,
+    the previous file is left as it was, and the error reaches the caller as it is."""
+    a, b = Model(0), Model(1)
+    path = tmp_path / "m.npz"
+    dx.save(path, [a.pc])
+    data = path.read_bytes()
+    write, calls = np.lib.format.write_array, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # two members written, then the fault
+            raise fault
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(np.lib.format, "write_array", failing)
+    with pytest.raises(type(fault)):
+        dx.save(path, [b.pc])
+    assert len(calls) == 3
+    monkeypatch.undo()
+    assert [f.name for f in tmp_path.iterdir()] == ["m.npz"]
+    assert path.read_bytes() == data
+    dx.load(path, b.pc)
+    assert_same(values(b.pc.parameters()), values(a.pc.parameters()))
+
+
+@pytest.mark.parametrize("entries,match", [
+    ({"__dynax_format__": np.asarray(2)}, "has format version 2, expected 1"),
+    ({}, "has format version None, expected 1"),
+    ({"__dynax_format__": np.asarray([1])}, r"has format version \[1\], expected 1"),
+    ({"__dynax_format__": np.asarray(1), "__dynax_objects__": np.asarray([""])},
+     "has a corrupt object manifest"),
+    ({"__dynax_format__": np.asarray(1), "__dynax_objects__": np.asarray([""]),
+      "__dynax_kinds__": np.asarray([1])}, "has a corrupt object manifest"),
+    ({"__dynax_format__": np.asarray(1), "__dynax_objects__": np.asarray([""]),
+      "__dynax_kinds__": np.asarray(["ParameterCollection"]), "3:V": np.zeros(2)},
+     "holds an entry '3:V' that belongs to no saved object"),
+    ({"__dynax_format__": np.asarray(1), "__dynax_objects__": np.asarray([""]),
+      "__dynax_kinds__": np.asarray(["ParameterCollection"]), "V": np.zeros(2)},
+     "holds an entry 'V' that belongs to no saved object"),
+], ids=["version", "no_version", "version_not_scalar", "no_kinds", "kinds_not_str",
+        "index_past_the_objects", "no_index"])
+def test_files_of_another_format_are_refused_and_change_nothing(tmp_path, entries, match):
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((HID, IN), name="W")
+    before = np.array(W.value)
+    path = tmp_path / "m.npz"
+    manifest = "__dynax_objects__" in entries
+    np.savez(path, **{("0:W" if manifest else "W"): np.zeros((HID, IN)), **entries})
+    for restore, who in [(pc.populate, "populate"), (lambda p: dx.load(p, pc), "load"),
+                         (lambda p: dx.load(p, [pc]), "load")]:
+        with pytest.raises(ValueError, match=f"{who}: .*m.npz {match}"):
+            restore(path)
+    np.testing.assert_array_equal(W.value, before)
+
+
+def test_a_parameter_stored_as_text_is_refused_and_changes_nothing(tmp_path):
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((2, 3), name="W")
+    V = pc.add_parameters((2,), name="V")  # staged first: fits, and must stay as it was
+    before = np.array(W.value), np.array(V.value)
+    path = tmp_path / "m.npz"
+    np.savez(path, __dynax_format__=np.asarray(1), V=np.ones(2),
+                W=np.array([["a", "b", "c"]] * 2))
+    for restore, who in [(pc.populate, "populate"), (lambda p: dx.load(p, pc), "load")]:
+        with pytest.raises(ValueError, match=f"{who}: .*m.npz holds a <U1 array for "
+                                             "parameter 'W'"):
+            restore(path)
+    np.testing.assert_array_equal(W.value, before[0])
+    np.testing.assert_array_equal(V.value, before[1])
+
+
+def test_save_takes_one_object_and_refuses_none(tmp_path):
+    a, b = Model(0), Model(1)
+    path = tmp_path / "m.npz"
+    dx.save(path, a.pc)  # one object, not in a list: as [a.pc]
+    z = np.load(path)
+    assert list(z["__dynax_kinds__"]) == ["ParameterCollection"]
+    assert len(z.files) == len(a.pc.parameters()) + 3
+    dx.load(path, [b.pc])
+    assert_same(values(b.pc.parameters()), values(a.pc.parameters()))
+    empty = tmp_path / "empty.npz"
+    for nothing in ([], ()):
+        with pytest.raises(ValueError, match="save: no objects given"):
+            dx.save(empty, nothing)
+    assert not empty.exists()
+
+
+def test_a_target_with_a_parameter_the_saved_object_lacks_is_named(tmp_path):
+    a = dx.ParameterCollection(seed=0)
+    path = tmp_path / "lstm.npz"
+    dx.save(path, [dx.nn.LSTMBuilder(1, IN, HID, a)])
+    b = dx.ParameterCollection(seed=1)
+    deeper = dx.nn.LSTMBuilder(2, IN, HID, b)
+    before = values(b.parameters())
+    with pytest.raises(ValueError, match=r"load: LSTMBuilder \(object 0\) has parameter "
+                                         r"'lstm/Wh1' but the LSTMBuilder saved as object 0 "
+                                         r"in .*lstm.npz has no 'Wh1'"):
+        dx.load(path, [deeper])
+    assert_same(values(b.parameters()), before)
+
+
+def test_a_shape_mismatch_names_the_saved_and_the_given_kind(tmp_path):
+    saved = dx.ParameterCollection(seed=0)
+    saved.add_parameters((VOCAB + 1, HID), name="W")
+    saved.add_parameters((VOCAB + 1,), name="b")
+    path = tmp_path / "c.npz"
+    dx.save(path, [saved])
+    sm = dx.nn.StandardSoftmaxBuilder(HID, VOCAB, dx.ParameterCollection(seed=1))
+    before = values(sm.pc.parameters())
+    with pytest.raises(ValueError, match=r"parameter 'softmax/W' has shape \(4, 4\) but "
+                                         r".*c.npz holds shape \(5, 4\) \(object 0 was saved "
+                                         r"from a ParameterCollection but is loaded into a "
+                                         r"StandardSoftmaxBuilder\)"):
+        dx.load(path, [sm])
+    assert_same(values(sm.pc.parameters()), before)
+
+
+def test_a_child_sum_tree_lstm_round_trips(tmp_path):
+    a = dx.nn.ChildSumTreeLSTMBuilder(IN, HID, dx.ParameterCollection(seed=0))
+    b = dx.nn.ChildSumTreeLSTMBuilder(IN, HID, dx.ParameterCollection(seed=1))
+    assert b.param_collection() is b.pc and len(b.pc.parameters()) == 6
+    scramble(b.pc.parameters())
+    path = tmp_path / "cs.npz"
+    dx.save(path, [a])
+    assert list(np.load(path)["__dynax_kinds__"]) == ["ChildSumTreeLSTMBuilder"]
+    dx.load(path, [b])
+    assert_same(values(b.pc.parameters()), values(a.pc.parameters()))

@@ -725,3 +725,82 @@ def test_eg_trainer_follows_dynets_formula():
     with pytest.raises(ValueError, match="EGTrainer: sparse_updates is not offered"):
         trainer.set_sparse_updates(True)
     assert not trainer.sparse_updates
+
+
+@pytest.mark.parametrize("make", [lambda pc, sparse: dx.SimpleSGDTrainer(
+    pc, learning_rate=0.5, sparse_updates=sparse), lambda pc, sparse: dx.AdamTrainer(
+    pc, alpha=0.1, sparse_updates=sparse)], ids=["sgd", "adam"])
+def test_a_table_used_as_a_whole_is_updated_densely_in_sparse_mode(make):
+    """A table read as a whole (not row by row) may have a gradient on any row: sparse mode
+    then updates all of it, as dense mode does, also when lookups follow before the update."""
+    v = np.array([1.0, -0.5, 0.25, 2.0], np.float32)
+    runs = []
+    for sparse in (True, False):
+        pc, E, W = build()
+        trainer = make(pc, sparse)
+        E0 = np.array(E.value)
+        dx.renew_cg()
+        (dx.sum_elems(dx.tanh(dx.parameter(E) @ dx.input(v))) + loss_of(E, W, [1])).backward()
+        assert E.touched is None
+        dx.renew_cg()
+        loss_of(E, W, [2]).backward()  # rows read afterwards: still the whole table
+        assert E.touched is None
+        trainer.update()
+        assert E.touched == set() and not np.asarray(E.grad).any()
+        assert not np.isclose(np.asarray(E.value), E0).all(axis=1).any()  # every row moved
+        runs.append((np.array(E.value), np.array(W.value)))
+    (E_sparse, W_sparse), (E_dense, W_dense) = runs
+    np.testing.assert_allclose(E_sparse, E_dense, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(W_sparse, W_dense, rtol=1e-6, atol=1e-7)
+
+
+def test_status_prints_and_returns_the_updates_and_the_last_gradient_norm(capsys):
+    pc, E, W = build()
+    trainer = dx.AdamTrainer(pc, alpha=0.1)
+    assert trainer.status() == "AdamTrainer: 0 updates"
+    assert capsys.readouterr().out == "AdamTrainer: 0 updates\n"
+    trainer.set_clip_threshold(100.0)
+    step(trainer, E, W, [1, 2])
+    norm = trainer.last_grad_norm
+    assert norm > 0
+    want = f"AdamTrainer: 1 updates, last grad norm {norm:.4g}"
+    assert trainer.status() == want
+    assert capsys.readouterr().out == want + "\n"
+
+
+def test_dense_mode_passes_the_optimizers_own_error_through_and_changes_nothing():
+    """A mask that misses a parameter: dense mode is plain Optax, so Optax's error reaches
+    the user as it is (sparse mode explains its groups instead), and nothing changes."""
+    pc, E, W = build()
+    tx = optax.adamw(0.1, mask={"W": True})  # no entry for E
+    with pytest.raises(ValueError) as direct:
+        tx.init({"E": E.value, "W": W.value})
+    trainer = dx.Trainer(pc, tx, sparse_updates=False)
+    before = np.array(E.value), np.array(W.value)
+    dx.renew_cg()
+    loss_of(E, W, [1, 2]).backward()
+    grads = np.array(E.grad), np.array(W.grad)
+    with pytest.raises(ValueError) as err:
+        trainer.update()
+    assert str(err.value) == str(direct.value) and "sparse_updates" not in str(err.value)
+    assert trainer.updates == 0
+    for p, v, g in zip((E, W), before, grads):
+        np.testing.assert_array_equal(p.value, v)
+        np.testing.assert_array_equal(p.grad, g)  # the gradients wait for a working update
+
+
+def test_exponentiated_gradient_without_the_parameters_is_a_clear_error():
+    """Optax's ``update(updates, state, params=None)``: called without the parameters
+    (directly or inside ``optax.chain``), the transform says what it needs."""
+    tx = dx.nn.trainers.exponentiated_gradient(0.1)
+    params = {"w": jnp.full((3,), 1 / 3)}
+    grads = {"w": jnp.array([1.0, 0.0, -1.0])}
+    chained = optax.chain(tx)
+    for update in (lambda: tx.update(grads, tx.init(params)),
+                   lambda: chained.update(grads, chained.init(params))):
+        with pytest.raises(ValueError, match="exponentiated_gradient needs the parameters' "
+                                             "values"):
+            update()
+    updates, _ = tx.update(grads, tx.init(params), params)
+    new = optax.apply_updates(params, updates)["w"]
+    assert float(jnp.sum(new)) == pytest.approx(1.0) and new[2] > new[1] > new[0]

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import dynax as dx
 from reference import STRATEGIES, assert_close, grads_of, zero_grads
@@ -257,3 +258,61 @@ def test_a_function_recursing_on_arrays_costs_few_frames():
         jnp.asarray(W.value))
     np.testing.assert_allclose(loss.value(), want, rtol=1e-5)
     np.testing.assert_allclose(W.grad, grad, rtol=1e-4, atol=1e-6)
+
+
+@dx.function
+def _window(x, i):  # 2 entries from i of a 3-vector: i < 2
+    return lax.dynamic_slice(x, (i,), (2,))
+
+
+@dx.function
+def _overwritten(x, i):  # 2 entries written from i: i < 2
+    return lax.dynamic_update_slice(x, jnp.zeros(2, x.dtype), (i,))
+
+
+@dx.function
+def _clipped_take(x, i):  # a clamping gather (jnp.take's default fills instead): i < 3
+    return jnp.take(x, i, mode="clip")
+
+
+@jax.jit
+def _read_in_jit(x, i):
+    return x[i]
+
+
+@dx.function
+def _read_via_jit(x, i):  # the use inside a nested jit: i < 3
+    return _read_in_jit(x, i) * 2.0
+
+
+@jax.jit
+def _same(i):
+    return i
+
+
+@dx.function
+def _read_after_jit(x, i):  # the integer comes out of a nested jit as it went in: i < 3
+    return x[_same(i)]
+
+
+@pytest.mark.parametrize("fn, bound, ref", [
+    (_window, 2, lambda x, i: x[i:i + 2]),
+    (_overwritten, 2, lambda x, i: np.concatenate([x[:i], [0.0, 0.0], x[i + 2:]])),
+    (_clipped_take, 3, lambda x, i: x[i]),
+    (_read_via_jit, 3, lambda x, i: 2.0 * x[i]),
+    (_read_after_jit, 3, lambda x, i: x[i]),
+], ids=["dynamic_slice", "dynamic_update_slice", "clamping-gather", "nested-jit",
+        "out-of-a-jit"])
+def test_index_uses_of_slices_gathers_and_nested_jits_are_bounded(fn, bound, ref):
+    """Each use of an integer as an index JAX would clamp bounds it: the last valid value
+    gives JAX's value, the next is refused (and adds no node)."""
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    cg = dx.renew_cg()
+    xe = dx.input(x)
+    np.testing.assert_allclose(fn(xe, np.int32(bound - 1)).npvalue(), ref(x, bound - 1))
+    n = cg.stats()["nodes"]
+    with pytest.raises(dx.IndexOutOfRangeError,
+                       match=rf"{fn.__name__}: index {bound} \(int argument 1 of 1\) out of "
+                             rf"range \[0, {bound}\)"):
+        fn(xe, np.int32(bound))
+    assert cg.stats()["nodes"] == n

@@ -1,4 +1,5 @@
 """check_validity=True: the first non-finite value or gradient raises, naming op and line."""
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -72,3 +73,27 @@ def test_restricted_log_softmax_passes_validity_mode_and_nan_still_stops(strateg
     dx.renew_cg(autobatch=strategy, check_validity=True)
     with pytest.raises(NonFiniteValueError, match="log_softmax"):
         dx.log_softmax(dx.input(np.array([np.nan, 1.0, 0.0], np.float32)), [0, 1]).value()
+
+
+@dx.function
+def _root_scale(x, W):
+    return jnp.sqrt(jnp.sum(W * W)) * x  # at W = 0: value 0, d/dW = 0 * inf = nan
+
+
+@pytest.mark.parametrize("strategy", ["none", "agenda"])
+@pytest.mark.parametrize("every_lane", [True, False], ids=["every-lane", "some-lanes"])
+def test_a_nonfinite_parameter_gradient_names_the_parameter_and_the_op(strategy, every_lane):
+    """A finite value whose gradient for a parameter it reads directly is NaN (its
+    argument's gradient stays finite). With ``some-lanes`` the loss depends on one of the
+    two batched calls only, which takes the backward path of a batch's live lanes."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3,), init="zeros", name="W_root")
+    dx.renew_cg(autobatch=strategy, check_validity=True)
+    ys = [_root_scale(dx.input(np.full(2, k, np.float32)), W) for k in (1.0, 2.0)]
+    loss = dx.sum_elems(ys[0]) + (dx.sum_elems(ys[1]) if every_lane else 0.0)
+    dx.forward([loss, ys[1]])  # both calls computed, as one batch under agenda
+    assert loss.value() == 0.0
+    with pytest.raises(NonFiniteValueError,
+                       match=r"gradient of parameter W_root in node \d+ \(_root_scale\) "
+                             r"built at .*test_validity.py"):
+        loss.backward()

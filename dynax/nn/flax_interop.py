@@ -49,9 +49,10 @@ def _path_name(path) -> str:
 
 def _as_example(x, i):
     arr = np.asarray(x)
-    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+            or arr.dtype == np.bool_):  # what dx.input takes
         raise ValueError(f"from_flax: example input {i} has dtype {arr.dtype}; dynax values "
-                         "are float32 arrays")
+                         "are float32 arrays, made from float, int or bool ones")
     return arr.astype(np.float32)
 
 

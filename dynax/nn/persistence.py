@@ -46,8 +46,8 @@ def _write_npz(arrays: dict, path) -> None:
         raise FileNotFoundError(f"save: the folder of {path!r} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=".dynax-", suffix=".tmp", dir=folder)
     try:
-        os.chmod(tmp, _mode_for(path))  # mkstemp makes it private (0600)
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f:  # closes fd however the write ends
+            os.fchmod(f.fileno(), _mode_for(path))  # mkstemp makes it private (0600)
             with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
                 for name, a in arrays.items():
                     with z.open(name + ".npy", "w", force_zip64=True) as member:

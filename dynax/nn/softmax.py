@@ -282,8 +282,14 @@ def _read_cluster_file(who, path, word_dict) -> tuple[list[int], list[str]]:
     if not isinstance(word_dict, Mapping):
         raise ArgumentTypeError(f"{who}: word_dict must map each word to its id, got "
                                 f"{type(word_dict).__name__}")
+    bad = next((v for v in word_dict.values()
+                if isinstance(v, bool) or not isinstance(v, numbers.Integral)), None)
+    if bad is not None:
+        raise ArgumentTypeError(f"{who}: word_dict's ids must be ints, got {bad!r}")
     ids = sorted(word_dict.values())
-    if ids != list(range(len(ids))) or not ids:
+    if not ids:
+        raise InvalidArgumentError(f"{who}: word_dict is empty")
+    if ids != list(range(len(ids))):
         raise InvalidArgumentError(f"{who}: word_dict's ids must be 0..{len(ids) - 1}, each "
                                    "once")
     names: dict = {}  # class name -> id, in order of first appearance among known words

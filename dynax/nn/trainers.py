@@ -549,7 +549,7 @@ def exponentiated_gradient(learning_rate: float, momentum: float = 0.9
     def init(params):
         return jax.tree_util.tree_map(jnp.zeros_like, params)
 
-    def update(grads, h, params):
+    def update(grads, h, params=None):  # optax's signature: params may be left out
         if params is None:
             raise ValueError("exponentiated_gradient needs the parameters' values")
         h = jax.tree_util.tree_map(lambda h, g: momentum * h - learning_rate * g, h, grads)

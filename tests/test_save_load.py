@@ -1,4 +1,7 @@
 """``dx.save`` / ``dx.load``: round trips of collections and builders, and failure modes."""
+import os
+import stat
+
 import numpy as np
 import pytest
 
@@ -216,8 +219,6 @@ def test_save_keeps_the_files_mode_and_a_symlink(tmp_path):
     """A save replaces the file as ``open(path, 'w')`` would: the mode of the file it
     replaces (a new one: the umask's), and through a symlink (mkstemp's private 0600
     temporary and a replaced link were what users saw)."""
-    import os
-    import stat
     pc = dx.ParameterCollection(seed=0)
     pc.add_parameters((2,), name="W")
     old_umask = os.umask(0o022)
@@ -235,6 +236,37 @@ def test_save_keeps_the_files_mode_and_a_symlink(tmp_path):
         pc.save(link)
         assert link.is_symlink() and os.path.samefile(link, old)
         pc.populate(old)
+    finally:
+        os.umask(old_umask)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux's /proc only")
+def test_a_new_files_mode_comes_from_the_umask_without_changing_it(tmp_path, monkeypatch):
+    """Where the OS reports the umask (Linux), a save reads it there: setting it to read it
+    gave files that other threads created in that instant no umask."""
+    pc = dx.ParameterCollection(seed=0)
+    pc.add_parameters((2,), name="W")
+    old_umask = os.umask(0o027)
+    try:
+        monkeypatch.setattr(os, "umask", lambda *a: pytest.fail("save changed the umask"))
+        pc.save(tmp_path / "new.npz")
+        monkeypatch.undo()
+        assert stat.S_IMODE(os.stat(tmp_path / "new.npz").st_mode) == 0o640
+    finally:
+        os.umask(old_umask)
+
+
+def test_without_proc_the_umask_is_read_by_setting_it_and_back(monkeypatch):
+    from dynax.nn import persistence
+
+    def no_proc(*args, **kwargs):
+        raise FileNotFoundError("/proc/self/status")
+
+    monkeypatch.setattr(persistence, "open", no_proc, raising=False)
+    old_umask = os.umask(0o077)
+    try:
+        assert persistence._umask() == 0o077
+        assert os.umask(0o077) == 0o077  # and it is set back
     finally:
         os.umask(old_umask)
 

@@ -15,6 +15,11 @@ _device: jax.Device | None = None
 def set_device(device) -> jax.Device:
     """Select the device for parameters created afterwards and for graph arenas.
 
+    A change ends this thread's current graph (its values are on the old device: its
+    expressions raise ``StaleExpressionError``); another thread's graph that has values is
+    refused when it next computes, and that thread's next graph uses the new device.
+    Parameters made before stay where they are: make them after selecting the device.
+
     Args:
       device: ``"cpu"``, ``"gpu"``, ``"tpu"`` or a ``jax.Device``.
     Returns:
@@ -23,14 +28,19 @@ def set_device(device) -> jax.Device:
     global _device
     if isinstance(device, str):
         try:
-            devices = jax.devices(device)
+            new = jax.devices(device)[0]
         except RuntimeError as e:
             raise ValueError(f"set_device: no {device!r} device is available ({e})") from None
-        _device = devices[0]
     elif isinstance(device, jax.Device):
-        _device = device
+        new = device
     else:
         raise TypeError(f"set_device: expected 'cpu', 'gpu', 'tpu' or a jax.Device, got {device!r}")
+    if new != get_device():
+        # this thread's graph holds its values on the old device: it ends (other threads'
+        # graphs are refused when they next compute, and their next graphs use the new one)
+        from .graph.computation_graph import retire_current_graph
+        retire_current_graph(f"whose values are on {get_device()}, before dx.set_device({new})")
+    _device = new
     return _device
 
 

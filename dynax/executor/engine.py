@@ -135,6 +135,21 @@ class Engine:
         self.last_grads = None  # (graph, {akey: arena}) of the last backward pass, read by
         # Expression.gradient() until the next pass takes the arenas back
         self.plans = PlanCache()  # plans of recurring graph shapes
+        self.device = None  # the device its arenas are on
+
+    def _follow_device(self, g) -> None:
+        """Keep the arenas on the device ``dx.set_device`` selects: after a change they are
+        dropped (and made again there on demand), unless ``g`` has values in them."""
+        device = get_device()
+        if device == self.device:
+            return
+        if self.device is not None:
+            if g.computed:
+                raise StaleExpressionError(
+                    f"this graph computed values on {self.device}, and dx.set_device has "
+                    f"selected {device} since; start a new graph with dx.renew_cg()")
+            self.release_memory()
+        self.device = device
 
     # ---- arenas -------------------------------------------------------------------------------
     def _alloc(self, g, akey: int, n: int, B: int) -> int:
@@ -185,6 +200,7 @@ class Engine:
         part-way (an error, Ctrl-C), ``g`` computes nothing more (its rows are handed out
         part-way), and pooled arenas donated to a kernel that did not return are replaced
         by fresh ones of the same capacity, so later graphs run."""
+        self._follow_device(g)
         try:
             self._forward(g)
         except BaseException as e:
@@ -510,6 +526,7 @@ class Engine:
         """Accumulate the gradient of value ``v`` into the parameters it depends on; with
         ``full``, compute the cotangent of every value the loss depends on as well (inputs
         included), for ``Expression.gradient()``."""
+        self._follow_device(g)
         loss_node = g.val_node[v]
         if loss_node < 0:  # a constant: no parameter contributed, nothing to differentiate
             self.last_grads = None  # the gradients of a pass before are not this one's

@@ -688,3 +688,16 @@ def test_an_expressions_shape_dtype_and_length_are_known_before_it_is_computed()
     with pytest.raises(TypeError, match="len\\(\\) of a 0-d expression"):
         len(s)
     assert cg.stats()["batches"] == 0
+
+
+def test_a_name_the_collection_lacks_is_a_key_error_listing_what_it_has():
+    pc = dx.ParameterCollection(seed=0)
+    enc = pc.add_subcollection("enc")
+    W = enc.add_parameters((2,), name="W")
+    assert enc["W"] is W and pc["enc/W"] is W
+    with pytest.raises(KeyError, match=r"no parameter 'nope' in 'enc'; it has 'W'"):
+        enc["nope"]
+    with pytest.raises(KeyError, match=r"no parameter 'x'; it has none"):
+        dx.ParameterCollection()["x"]
+    with pytest.raises(dx.ArgumentTypeError, match=r"a parameter name is a str, got 3"):
+        pc[3]

@@ -804,3 +804,64 @@ def test_exponentiated_gradient_without_the_parameters_is_a_clear_error():
     updates, _ = tx.update(grads, tx.init(params), params)
     new = optax.apply_updates(params, updates)["w"]
     assert float(jnp.sum(new)) == pytest.approx(1.0) and new[2] > new[1] > new[0]
+
+
+RATE_ARGS = [(dx.SimpleSGDTrainer, "learning_rate"), (dx.MomentumSGDTrainer, "learning_rate"),
+             (dx.AdagradTrainer, "learning_rate"), (dx.AdamTrainer, "alpha"),
+             (dx.RMSPropTrainer, "learning_rate"), (dx.AmsgradTrainer, "learning_rate")]
+
+
+@pytest.mark.parametrize("cls, arg", RATE_ARGS, ids=[c.__name__ for c, _ in RATE_ARGS])
+@pytest.mark.parametrize("bad", [-1.0, "x", float("nan")], ids=["negative", "str", "nan"])
+def test_a_learning_rate_that_is_not_a_number_at_least_0_is_refused(cls, arg, bad):
+    """As the ``learning_rate`` setter refuses it: a negative rate climbs the gradient, and
+    a string failed at the first update with a message naming neither."""
+    pc, E, W = build()
+    with pytest.raises(ValueError, match=f"{cls.__name__}: {arg} must be a finite number "
+                                         r">= 0, got"):
+        cls(pc, **{arg: bad})
+
+
+def test_a_schedule_is_still_taken_as_a_learning_rate():
+    pc, E, W = build()
+    schedule = optax.linear_schedule(0.5, 0.1, 4)
+    trainer = dx.SimpleSGDTrainer(pc, learning_rate=schedule)
+    assert trainer.learning_rate == pytest.approx(0.5)
+    w0 = np.array(W.value)
+    step(trainer, E, W, [1])
+    assert trainer.learning_rate == pytest.approx(0.4)
+    assert not np.allclose(W.value, w0)
+
+
+@pytest.mark.parametrize("bad", [-1, "a", float("nan"), True], ids=["negative", "str", "nan",
+                                                                     "bool"])
+def test_a_clip_threshold_given_to_the_constructor_is_checked_as_the_setter_does(bad):
+    """A negative threshold made every update climb the gradient; now refused, as by
+    ``set_clip_threshold``."""
+    pc, E, W = build()
+    with pytest.raises(ValueError, match=r"SimpleSGDTrainer: clip_threshold must be a finite "
+                                         r"number >= 0"):
+        dx.SimpleSGDTrainer(pc, clip_threshold=bad)
+    with pytest.raises(ValueError, match=r"set_clip_threshold: threshold must be a finite"):
+        dx.SimpleSGDTrainer(pc).set_clip_threshold(bad)
+
+
+def test_a_clip_threshold_of_0_is_off_in_the_constructor_as_in_the_setter():
+    """0 means no clipping, as ``set_clip_threshold(0)`` and ``get_clip_threshold()`` say
+    (it scaled every update to zero): the update equals an unclipped trainer's."""
+    runs = []
+    for kwargs in ({"clip_threshold": 0}, {}):
+        pc, E, W = build()
+        trainer = dx.SimpleSGDTrainer(pc, learning_rate=0.5, **kwargs)
+        assert trainer.get_clip_threshold() == 0.0
+        step(trainer, E, W, [1, 2])
+        runs.append(np.array(W.value))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert not np.allclose(runs[0], build()[2].value)
+
+
+def test_a_trainer_needs_a_parameter_collection():
+    pc, E, W = build()
+    with pytest.raises(dx.ArgumentTypeError, match="SimpleSGDTrainer: pc must be a "
+                                                   "ParameterCollection, got list"):
+        dx.SimpleSGDTrainer([W], 0.1)

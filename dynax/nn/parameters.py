@@ -405,7 +405,18 @@ class ParameterCollection:
         return int(sum(np.prod(p.shape) for p in self.parameters()))
 
     def __getitem__(self, name: str) -> Parameter:
-        return self._root._names[self._prefix + name]
+        """The parameter of this collection called ``name`` (relative to its prefix)."""
+        if not isinstance(name, str):
+            raise ArgumentTypeError(f"ParameterCollection[...]: a parameter name is a str, "
+                                    f"got {name!r}")
+        p = self._root._names.get(self._prefix + name)
+        if p is None:
+            names = [q.name[len(self._prefix):] for q in self.parameters()]
+            shown = ", ".join(map(repr, names[:10])) + (", ..." if len(names) > 10 else "")
+            raise KeyError(f"ParameterCollection: no parameter {name!r}"
+                           f"{f' in {self._prefix[:-1]!r}' if self._prefix else ''}; it has "
+                           f"{shown or 'none'}")
+        return p
 
     def save(self, path) -> None:
         """Write all parameter values to ``path`` (see ``dynax.nn.persistence``)."""

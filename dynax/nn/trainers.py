@@ -35,7 +35,7 @@ from ..device import get_device, zeros
 from ..errors import ArgumentTypeError
 from ..executor.buckets import bucket
 from ..graph.computation_graph import compiles_count_for_current_graph
-from .parameters import LookupParameter
+from .parameters import LookupParameter, ParameterCollection
 
 
 class Trainer:
@@ -66,11 +66,17 @@ class Trainer:
             hint = " (call it: optax.adam(1e-3))" if callable(tx) else ""
             raise ArgumentTypeError(f"{type(self).__name__}: tx must be an Optax gradient "
                                     f"transformation, got {tx!r}{hint}")
+        if not isinstance(pc, ParameterCollection):
+            raise ArgumentTypeError(f"{type(self).__name__}: pc must be a "
+                                    f"ParameterCollection, got {type(pc).__name__}")
         self.pc = pc
         self.tx = tx
         self.sparse_updates = self.sparse_is_exact if sparse_updates is None \
             else bool(sparse_updates)
-        self.clip_threshold = clip_threshold
+        self.clip_threshold = None
+        if clip_threshold is not None:  # as set_clip_threshold: >= 0, and 0 is off
+            t = _non_negative(clip_threshold, f"{type(self).__name__}: clip_threshold")
+            self.clip_threshold = t if t > 0 else None
         self.updates = 0
         self.learning_rate_scale = 1.0
         self._base_learning_rate = None  # what a convenience trainer gave optax
@@ -404,12 +410,19 @@ def _non_negative(value, what: str) -> float:
     return float(value)
 
 
+def _rate(value, what: str):
+    """A learning rate: an Optax schedule (a callable of the step count) as it is, else a
+    finite number >= 0 (a negative one would climb the gradient)."""
+    return value if callable(value) else _non_negative(value, what)
+
+
 class SimpleSGDTrainer(Trainer):
     """Plain SGD: ``p -= learning_rate * grad`` (lookup tables sparsely: it is exact)."""
 
     sparse_is_exact = True
 
     def __init__(self, pc, learning_rate=0.1, **kwargs):
+        learning_rate = _rate(learning_rate, "SimpleSGDTrainer: learning_rate")
         super().__init__(pc, optax.sgd(learning_rate), **kwargs)
         self._base_learning_rate = learning_rate
 
@@ -418,6 +431,7 @@ class MomentumSGDTrainer(Trainer):
     """SGD with (heavy-ball) momentum."""
 
     def __init__(self, pc, learning_rate=0.01, mom: float = 0.9, **kwargs):
+        learning_rate = _rate(learning_rate, "MomentumSGDTrainer: learning_rate")
         super().__init__(pc, optax.sgd(learning_rate, momentum=mom), **kwargs)
         self._base_learning_rate = learning_rate
 
@@ -430,6 +444,7 @@ class AdagradTrainer(Trainer):
     sparse_is_exact = True
 
     def __init__(self, pc, learning_rate=0.1, eps: float = 1e-20, **kwargs):
+        learning_rate = _rate(learning_rate, "AdagradTrainer: learning_rate")
         super().__init__(pc, optax.adagrad(learning_rate, initial_accumulator_value=0.0,
                                            eps=eps), **kwargs)
         self._base_learning_rate = learning_rate
@@ -441,6 +456,7 @@ class AdamTrainer(Trainer):
 
     def __init__(self, pc, alpha=1e-3, beta_1: float = 0.9, beta_2: float = 0.999,
                  eps: float = 1e-8, **kwargs):
+        alpha = _rate(alpha, "AdamTrainer: alpha")
         super().__init__(pc, optax.adam(alpha, beta_1, beta_2, eps), **kwargs)
         self._base_learning_rate = alpha
 
@@ -451,6 +467,7 @@ class RMSPropTrainer(Trainer):
 
     def __init__(self, pc, learning_rate=0.001, eps: float = 1e-8, rho: float = 0.9,
                  **kwargs):
+        learning_rate = _rate(learning_rate, "RMSPropTrainer: learning_rate")
         super().__init__(pc, optax.rmsprop(learning_rate, decay=rho, eps=eps,
                                            eps_in_sqrt=True), **kwargs)
         self._base_learning_rate = learning_rate
@@ -497,6 +514,7 @@ class AmsgradTrainer(Trainer):
 
     def __init__(self, pc, learning_rate=0.001, beta_1: float = 0.9, beta_2: float = 0.999,
                  eps: float = 1e-8, **kwargs):
+        learning_rate = _rate(learning_rate, "AmsgradTrainer: learning_rate")
         super().__init__(pc, dynet_amsgrad(learning_rate, beta_1, beta_2, eps), **kwargs)
         self._base_learning_rate = learning_rate
 

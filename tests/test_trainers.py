@@ -865,3 +865,14 @@ def test_a_trainer_needs_a_parameter_collection():
     with pytest.raises(dx.ArgumentTypeError, match="SimpleSGDTrainer: pc must be a "
                                                    "ParameterCollection, got list"):
         dx.SimpleSGDTrainer([W], 0.1)
+
+
+def test_a_jax_scalar_is_taken_as_a_learning_rate():
+    runs = []
+    for rate in (jnp.float32(0.5), 0.5):
+        pc, E, W = build()
+        trainer = dx.SimpleSGDTrainer(pc, learning_rate=rate)
+        assert trainer.learning_rate == pytest.approx(0.5)
+        step(trainer, E, W, [1])
+        runs.append(np.array(W.value))
+    np.testing.assert_array_equal(runs[0], runs[1])

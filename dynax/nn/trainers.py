@@ -412,8 +412,16 @@ def _non_negative(value, what: str) -> float:
 
 def _rate(value, what: str):
     """A learning rate: an Optax schedule (a callable of the step count) as it is, else a
-    finite number >= 0 (a negative one would climb the gradient)."""
-    return value if callable(value) else _non_negative(value, what)
+    finite number >= 0 (a negative one would climb the gradient); a 0-d array (``jnp``'s
+    scalars) as its number."""
+    if callable(value):
+        return value
+    if getattr(value, "shape", None) == () and not isinstance(value, (np.bool_, bool)):
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            pass
+    return _non_negative(value, what)
 
 
 class SimpleSGDTrainer(Trainer):

@@ -35,11 +35,12 @@ def set_device(device) -> jax.Device:
         new = device
     else:
         raise TypeError(f"set_device: expected 'cpu', 'gpu', 'tpu' or a jax.Device, got {device!r}")
-    if new != get_device():
+    old = get_device()
+    if new != old:
         # this thread's graph holds its values on the old device: it ends (other threads'
         # graphs are refused when they next compute, and their next graphs use the new one)
         from .graph.computation_graph import retire_current_graph
-        retire_current_graph(f"whose values are on {get_device()}, before dx.set_device({new})")
+        retire_current_graph(f"whose values are on {old}, before dx.set_device({new})")
     _device = new
     return _device
 

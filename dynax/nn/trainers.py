@@ -73,10 +73,8 @@ class Trainer:
         self.tx = tx
         self.sparse_updates = self.sparse_is_exact if sparse_updates is None \
             else bool(sparse_updates)
-        self.clip_threshold = None
-        if clip_threshold is not None:  # as set_clip_threshold: >= 0, and 0 is off
-            t = _non_negative(clip_threshold, f"{type(self).__name__}: clip_threshold")
-            self.clip_threshold = t if t > 0 else None
+        self.clip_threshold = None if clip_threshold is None else \
+            _clip_threshold(clip_threshold, f"{type(self).__name__}: clip_threshold")
         self.updates = 0
         self.learning_rate_scale = 1.0
         self._base_learning_rate = None  # what a convenience trainer gave optax
@@ -304,8 +302,7 @@ class Trainer:
     def set_clip_threshold(self, threshold) -> None:
         """DyNet's: rescale the gradients so their global L2 norm is at most ``threshold``;
         0 turns clipping off (dynax's default; DyNet's trainers clip at 5 by default)."""
-        t = _non_negative(threshold, "set_clip_threshold: threshold")
-        self.clip_threshold = t if t > 0 else None
+        self.clip_threshold = _clip_threshold(threshold, "set_clip_threshold: threshold")
 
     def get_clip_threshold(self) -> float:
         """The clipping threshold (0.0 when clipping is off)."""
@@ -408,6 +405,12 @@ def _non_negative(value, what: str) -> float:
     if not (ok and np.isfinite(value) and value >= 0):
         raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def _clip_threshold(value, what: str) -> float | None:
+    """A clipping threshold: a finite number >= 0, where 0 turns clipping off (None)."""
+    t = _non_negative(value, what)
+    return t if t > 0 else None
 
 
 def _rate(value, what: str):

@@ -876,3 +876,22 @@ def test_a_jax_scalar_is_taken_as_a_learning_rate():
         step(trainer, E, W, [1])
         runs.append(np.array(W.value))
     np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_the_setters_take_a_jax_scalar_as_the_constructor_does():
+    """``learning_rate``, ``learning_rate_scale`` and ``set_clip_threshold`` take a 0-d JAX
+    number as the constructor does; a 0-d bool or a vector is still refused."""
+    pc, E, W = build()
+    trainer = dx.SimpleSGDTrainer(pc, learning_rate=0.5)
+    trainer.learning_rate = jnp.float32(0.25)
+    assert trainer.learning_rate == pytest.approx(0.25)
+    trainer.learning_rate_scale = jnp.int32(1)
+    assert trainer.learning_rate == pytest.approx(0.5)
+    trainer.set_clip_threshold(jnp.float32(2.0))
+    assert trainer.get_clip_threshold() == pytest.approx(2.0)
+    for bad in (jnp.bool_(True), jnp.ones(2), jnp.float32(-1.0), jnp.float32(np.inf)):
+        with pytest.raises(ValueError, match="SimpleSGDTrainer.learning_rate must be a finite"):
+            trainer.learning_rate = bad
+        with pytest.raises(ValueError, match="set_clip_threshold: threshold must be a finite"):
+            trainer.set_clip_threshold(bad)
+    assert trainer.learning_rate == pytest.approx(0.5)

@@ -400,7 +400,11 @@ def _check_row_wise(p: LookupParameter, state) -> None:
 
 
 def _non_negative(value, what: str) -> float:
-    """``value`` as a float, or a ValueError naming ``what`` unless finite and >= 0."""
+    """``value`` as a float, or a ValueError naming ``what`` unless finite and >= 0. A 0-d
+    numeric array (``jnp.float32(0.5)``, as Optax takes rates) counts as its number."""
+    if getattr(value, "shape", None) == () and getattr(getattr(value, "dtype", None),
+                                                          "kind", "") in "iuf":
+        value = float(value)
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
     if not (ok and np.isfinite(value) and value >= 0):
         raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
@@ -415,16 +419,8 @@ def _clip_threshold(value, what: str) -> float | None:
 
 def _rate(value, what: str):
     """A learning rate: an Optax schedule (a callable of the step count) as it is, else a
-    finite number >= 0 (a negative one would climb the gradient); a 0-d array (``jnp``'s
-    scalars) as its number."""
-    if callable(value):
-        return value
-    if getattr(value, "shape", None) == () and not isinstance(value, (np.bool_, bool)):
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            pass
-    return _non_negative(value, what)
+    finite number >= 0 (a negative one would climb the gradient)."""
+    return value if callable(value) else _non_negative(value, what)
 
 
 class SimpleSGDTrainer(Trainer):

@@ -942,8 +942,11 @@ def test_class_factored_refuses_bad_arguments_and_adds_nothing(tmp_path):
     path = tmp_path / "clusters.txt"
     path.write_text("1 the\n2 cat\n")
     cases = [
-        (TypeError, r"the arguments are \(input_dim, word_to_class, pc\[, bias\]\); got 2",
+        (TypeError, r"missing pc; the arguments are \(input_dim, word_to_class, pc\[, bias\]\)",
          lambda: cls(HID, [0, 1])),
+        (TypeError, "pc given both by position and by name", lambda: cls(HID, [0, 1], pc, pc=pc)),
+        (TypeError, "word_dict= goes with a cluster file",
+         lambda: cls(HID, [0, 1], pc, word_dict={"a": 0})),
         (TypeError, r"the arguments are \(input_dim, word_to_class, pc\[, bias\]\); got 5",
          lambda: cls(HID, [0, 1], pc, True, "extra")),
         (ValueError, "class of word 1 must be a non-negative int, got -1",
@@ -1122,6 +1125,27 @@ def test_class_factored_reads_a_dynet_cluster_file(tmp_path):
         dx.ClassFactoredSoftmaxBuilder(HID, path, {"the": 0}, pc)
     with pytest.raises(TypeError, match=r"\(input_dim, cluster_file, word_dict, pc\[, bias\]\)"):
         dx.ClassFactoredSoftmaxBuilder(HID, path, pc)
+
+
+def test_class_factored_takes_its_arguments_by_name_as_its_docstring_names_them(tmp_path):
+    """``pc=``, ``word_dict=`` and ``bias=`` by name build the same builder as by position
+    (same parameters, same distribution)."""
+    path = tmp_path / "clusters.txt"
+    path.write_text("1 the\n1 a\n2 cat\n")
+    words = {"the": 0, "cat": 1, "a": 2}
+    built = []
+    for make in (lambda pc: dx.ClassFactoredSoftmaxBuilder(HID, path, words, pc, False),
+                 lambda pc: dx.ClassFactoredSoftmaxBuilder(HID, path, word_dict=words, pc=pc,
+                                                           bias=False),
+                 lambda pc: dx.ClassFactoredSoftmaxBuilder(HID, [0, 1, 0], pc=pc, bias=False)):
+        pc = dx.ParameterCollection(seed=0)
+        cf = make(pc)
+        dx.renew_cg()
+        built.append(([p.name for p in pc.parameters()],
+                      cf.full_log_distribution(dx.input(np.ones(HID))).npvalue()))
+    for names, dist in built[1:]:
+        assert names == built[0][0]
+        np.testing.assert_array_equal(dist, built[0][1])
 
 
 def test_class_factored_takes_a_mapping_and_labels_as_other_ops_do():

@@ -508,9 +508,13 @@ def test_bad_examples_and_modules_are_refused_and_add_nothing():
             call()
     assert pc.parameters() == []
     net = nnx.Linear(IN, OUT, rngs=nnx.Rngs(0))
-    with pytest.raises(TypeError, match=r"variables= is for linen modules; an nnx module "
-                                        r"\(Linear\)"):
+    with pytest.raises(dx.ArgumentTypeError, match=r"variables= is for linen modules; an nnx "
+                                                   r"module \(Linear\)"):
         dx.nn.from_flax(net, pc, XS[0], variables={"params": {}})
+    # a construction error like any other: except ValueError catches it
+    with pytest.raises(ValueError, match="from_flax: expected a flax.linen or flax.nnx Module, "
+                                         "got object"):
+        dx.nn.from_flax(object(), pc, XS[0])
     assert pc.parameters() == []
     block = dx.nn.from_flax(net, pc, XS[0])
     with pytest.raises(TypeError, match="flax_variables: an nnx block"):

@@ -126,6 +126,44 @@ def test_subcollection_loads_into_a_subcollection_of_another_name(tmp_path):
     np.testing.assert_array_equal(np.asarray(W2.value), np.asarray(W.value))
 
 
+@pytest.mark.parametrize("save", ["pc.save", "dx.save"])
+def test_a_subcollection_populates_from_a_whole_models_file(tmp_path, save):
+    """``enc.populate(path)`` after ``pc.save(path)`` (or ``dx.save(path, [pc])``) reads the
+    file's ``enc/...`` entries, as the README says; ``dx.load`` into the sub-collection
+    refuses the file's other entries and changes nothing."""
+    a, b = dx.ParameterCollection(seed=0), dx.ParameterCollection(seed=1)
+    for pc in (a, b):
+        enc = pc.add_subcollection("enc")
+        enc.add_parameters((HID, HID), name="W")
+        enc.add_lookup_parameters((VOCAB, IN), name="E")
+        pc.add_parameters((HID,), name="top")
+    path = tmp_path / "whole.npz"
+    a.save(path) if save == "pc.save" else dx.save(path, [a])
+    top_before = np.array(b["top"].value)
+    with pytest.raises(ValueError, match="holds parameter 'enc/enc/E' but the collection has "
+                                         "no parameter of that name.*or use populate, which "
+                                         "ignores entries 'enc' lacks"):
+        dx.load(path, b.add_subcollection("enc"))
+    assert not np.array_equal(b["enc/W"].value, a["enc/W"].value)
+    b.add_subcollection("enc").populate(path)
+    for name in ("enc/W", "enc/E"):
+        np.testing.assert_array_equal(np.asarray(b[name].value), np.asarray(a[name].value))
+    np.testing.assert_array_equal(np.asarray(b["top"].value), top_before)
+
+
+def test_populate_names_what_the_file_has_relative_to_the_collection(tmp_path):
+    """A missing parameter's error lists the file's names relative to the sub-collection
+    where they lie in it, and whole where they do not (no name cut off in the middle)."""
+    a = dx.ParameterCollection(seed=0)
+    lstm = dx.nn.LSTMBuilder(1, IN, HID, a)
+    path = tmp_path / "lstm.npz"
+    dx.save(path, [lstm])
+    enc = dx.ParameterCollection(seed=1).add_subcollection("enc")
+    enc.add_parameters((HID,), name="W")
+    with pytest.raises(ValueError, match=r"has no parameter named 'W' \(it has \['lstm/"):
+        enc.populate(path)
+
+
 @pytest.mark.parametrize("case", ["fewer_layers", "shape", "count", "collection_missing"])
 def test_mismatch_raises_and_changes_nothing(tmp_path, case):
     a = Model(0)
@@ -358,6 +396,10 @@ def test_save_takes_one_object_and_refuses_none(tmp_path):
     for nothing in ([], ()):
         with pytest.raises(ValueError, match="save: no objects given"):
             dx.save(empty, nothing)
+    for call in (lambda: dx.save(empty, [object()]), lambda: dx.load(path, [object()])):
+        with pytest.raises(dx.ArgumentTypeError, match="cannot save or load a object; expected "
+                                                       "a ParameterCollection"):
+            call()  # a TypeError, and a ValueError as every construction error
     assert not empty.exists()
 
 

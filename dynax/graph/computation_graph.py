@@ -424,8 +424,10 @@ def renew_cg(autobatch: str = "agenda", train: bool = True, seed: int | None = N
     Args:
       autobatch: ``"agenda"`` (default), ``"depth"`` or ``"none"`` (node by node, the reference).
       train: when False, ``dx.dropout`` is the identity.
-      seed: seed of the graph's random numbers (dropout); a new one per graph if None.
-      check_validity: raise at the first non-finite value computed.
+      seed: seed of the graph's random numbers (``dropout`` and its variants, ``noise``,
+        ``random_*``); a new one per graph if None. Every strategy draws the same numbers.
+      check_validity: raise at the first non-finite value computed, forward or backward
+        (values and gradients), naming the op and the user's line that built it.
       immediate_compute: compute each operation's value when it is built (DyNet's; for
         debugging: an error is raised by the call that caused it, with check_validity a
         non-finite value too), node by node instead of batched.

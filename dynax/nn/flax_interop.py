@@ -258,7 +258,8 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
     Raises:
       ValueError: the module fails on the example input, or has non-float parameters or
         outputs; ``dx.ArgumentTypeError`` (a ``ValueError``): a keyword value that is not
-        static (a list, an array), here or in a call of the block. Calling the block with
+        static (a list, an array), here or in a call of the block, or a ``module`` that is
+        not a Flax module. Calling the block with
         inputs of other shapes than the example's raises ``dx.ShapeError`` (a
         ``ValueError``). An example with a batch dimension is not
         detected where the module accepts any leading shape (``nn.Dense``): the block then
@@ -291,8 +292,8 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
     kind = type(module).__name__
 
     if variables is not None and not isinstance(module, linen.Module):
-        raise TypeError(f"from_flax: variables= is for linen modules; an nnx module ({kind}) "
-                        "holds its own")
+        raise ArgumentTypeError(f"from_flax: variables= is for linen modules; an nnx module "
+                                f"({kind}) holds its own")
     if isinstance(module, linen.Module):
         if variables is None:
             key = pc._next_key() if rng is None else rng
@@ -320,7 +321,7 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
             return nnx.merge(graphdef, tree, rest)(*xs, **kw)
         default_name, constants = kind, None
     else:
-        raise TypeError(f"from_flax: expected a flax.linen or flax.nnx Module, got {kind}")
+        raise ArgumentTypeError(f"from_flax: expected a flax.linen or flax.nnx Module, got {kind}")
 
     path_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     leaves = [leaf for _, leaf in path_leaves]

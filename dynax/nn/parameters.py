@@ -221,6 +221,8 @@ class LookupParameter(Parameter):
         self.touched: set | None = set()  # rows used since the last update; None = all
 
     def __getitem__(self, i):
+        """``E[i]``: row ``i`` of the table as an expression (``dx.lookup``); ``i`` an int
+        (a NumPy one too) in ``[0, rows)``. Slices are not rows: use ``dx.lookup_batch``."""
         return _ops.lookup(self, i)
 
     # ---- DyNet's row access ------------------------------------------------------------------

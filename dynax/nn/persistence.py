@@ -170,17 +170,28 @@ def populate_parameters(params, path, strip: str = "") -> None:
     """Restore each of ``params`` (a collection's, whose names start with ``strip``).
 
     Reads files of ``pc.save`` and of ``dx.save`` (matched as ``dx.load`` into a collection
-    does). Entries of the file that no parameter asks for are ignored."""
+    does). Entries of the file that no parameter asks for are ignored. A sub-collection
+    whose names the file lacks relative to it reads them by full name, if the file has all
+    of them that way: the file of a whole model (``pc.save``), read into its ``enc/`` part."""
     path = os.fspath(path)
-    arrays = _full_names(_read_objects(path, "populate"), strip, "populate")
+    objects = _read_objects(path, "populate")
+    arrays = _full_names(objects, strip, "populate")
+    if strip and any(p.name not in arrays for p in params):
+        whole = _full_names(objects, "", "populate")
+        if all(p.name in whole for p in params):
+            arrays = whole
     staged = []
     for p in params:
         if p.name not in arrays:
             raise ValueError(f"populate: {path} has no parameter named "
                              f"{p.name[len(strip):]!r} (it has "
-                             f"{sorted(k[len(strip):] for k in arrays)[:10]})")
+                             f"{sorted(_relative(k, strip) for k in arrays)[:10]})")
         _stage(staged, p, p.name[len(strip):], arrays[p.name], path, "populate")
     _commit(staged)
+
+
+def _relative(name: str, prefix: str) -> str:
+    return name[len(prefix):] if name.startswith(prefix) else name
 
 
 # ---- lists of objects (dx.save / dx.load) ----------------------------------------------------
@@ -196,7 +207,8 @@ def _object_parameters(obj, who: str):
     if callable(getter):
         pc = getter()
         return pc._prefix, pc.parameters()
-    raise TypeError(f"{who}: cannot save or load a {type(obj).__name__}; expected a "
+    from ..errors import ArgumentTypeError
+    raise ArgumentTypeError(f"{who}: cannot save or load a {type(obj).__name__}; expected a "
                     "ParameterCollection, a Parameter or a builder with param_collection()")
 
 
@@ -270,6 +282,10 @@ def load(path, target):
                 hint = ("; dynax does not construct the saved objects (DyNet's dy.load does): "
                         "build the model into the collection first, as before saving, then "
                         "load into it") if not have else ""
+                if target._prefix and any(kind == COLLECTION for _, kind, _ in objects):
+                    hint += ("; a saved collection maps onto the target by names relative to "
+                             "each: load into the collection that was saved, or use "
+                             f"populate, which ignores entries {target._prefix[:-1]!r} lacks")
                 raise ValueError(f"load: {path} holds parameter {name!r} but the collection "
                                  f"has no parameter of that name (it has {have[:10]}){hint}")
             _stage(staged, p, name, a, path, "load")

@@ -134,24 +134,37 @@ class ClassFactoredSoftmaxBuilder:
     has no word-level parameters (``p(w | k, h) = 1``).
     """
 
-    def __init__(self, input_dim: int, word_to_class, *args, bias: bool = True):
+    def __init__(self, input_dim: int, word_to_class, *args, word_dict=None, pc=None,
+                 bias=True):
         who = "ClassFactoredSoftmaxBuilder"
         _check_dims(who, input_dim=input_dim)
         self.class_names = None
-        if isinstance(word_to_class, (str, os.PathLike)):
-            if len(args) not in (2, 3):
-                raise ArgumentTypeError(
-                    f"{who}: with a cluster file, the arguments are (input_dim, cluster_file, "
-                    f"word_dict, pc[, bias]); got {2 + len(args)}")
-            word_dict, pc, *rest = args
-            w2c, self.class_names = _read_cluster_file(who, word_to_class, word_dict)
+        from_file = isinstance(word_to_class, (str, os.PathLike))
+        names = ("word_dict", "pc", "bias") if from_file else ("pc", "bias")
+        form = (f"(input_dim, {'cluster_file, word_dict' if from_file else 'word_to_class'}, "
+                "pc[, bias])")
+        if len(args) > len(names):
+            raise ArgumentTypeError(f"{who}: the arguments are {form}; got {2 + len(args)}")
+        given = dict(zip(names, args))
+        for name, value in (("word_dict", word_dict), ("pc", pc)):
+            if value is None:
+                continue
+            if name not in names:
+                raise ArgumentTypeError(f"{who}: {name}= goes with a cluster file; the "
+                                        f"arguments are {form}")
+            if name in given:
+                raise ArgumentTypeError(f"{who}: {name} given both by position and by name")
+            given[name] = value
+        missing = [n for n in names[:-1] if n not in given]
+        if missing:
+            raise ArgumentTypeError(f"{who}: missing {', '.join(missing)}; the arguments are "
+                                    f"{form}")
+        pc = given["pc"]
+        if from_file:
+            w2c, self.class_names = _read_cluster_file(who, word_to_class, given["word_dict"])
         else:
-            if len(args) not in (1, 2):
-                raise ArgumentTypeError(f"{who}: the arguments are (input_dim, word_to_class, "
-                                        f"pc[, bias]); got {2 + len(args)}")
-            pc, *rest = args
             w2c = _class_list(who, word_to_class)
-        bias = ops._flag_arg(who, "bias", rest[0] if rest else bias)
+        bias = ops._flag_arg(who, "bias", given.get("bias", bias))
         n_classes = max(w2c) + 1
         self.input_dim, self.vocab_size, self.n_classes = int(input_dim), len(w2c), n_classes
         self.word_to_class = w2c

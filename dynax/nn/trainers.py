@@ -46,8 +46,9 @@ class Trainer:
       tx: any Optax gradient transformation.
       sparse_updates: update lookup tables on the rows used since the last update only (see
         the module doc: exact for SGD and Adagrad, the "lazy" variant for Adam and the
-        like). Default: ``False`` here; ``True`` for ``SimpleSGDTrainer`` and
-        ``AdagradTrainer``, where it is exact.
+        like). Default: ``False`` here, as dynax cannot see which rule ``tx`` applies
+        (pass ``True`` for ``optax.sgd`` or ``optax.adagrad``, where it is exact);
+        ``True`` for ``SimpleSGDTrainer``, ``CyclicalSGDTrainer`` and ``AdagradTrainer``.
       clip_threshold: if set, rescale all gradients so their global L2 norm is at most this.
 
     ``learning_rate_scale`` (default 1.0) multiplies every update that ``tx`` returns. Set it

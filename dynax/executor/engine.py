@@ -876,11 +876,18 @@ def _loss_ancestors(g, loss_node: int):
     built before the loss), and it would reach the parameters, where ``jax.grad`` of the
     loss never looks at such a node. Reference counting finds them: a node none of whose
     outputs a node up to the loss reads is dead, and so is one read only by dead nodes.
+    A read by a node that stops gradients (``nobackprop``, ``const_lookup``) does not
+    count: what only such nodes read gets no gradient, as under ``jax.lax.stop_gradient``
+    (and a table row read that way is not one an update uses).
     """
     node_vals, val_node, node_out = g.node_vals[:loss_node + 1], g.val_node, g.node_out
     sigs = g.node_sig
     reads = np.bincount(np.fromiter(chain.from_iterable(node_vals), np.intp),
                         minlength=node_out[loss_node])  # per value, by nodes up to the loss
+    stops = {nd for nd in g.stop_nodes if nd <= loss_node}
+    for nd in stops:
+        for v in node_vals[nd]:
+            reads[v] -= 1
 
     def unread(nd):  # none of its outputs (consecutive values), one of which is known unread
         n_out = len(sigs[nd].out_akeys)
@@ -897,7 +904,10 @@ def _loss_ancestors(g, loss_node: int):
     for nd in dead:
         live[nd] = False
     while dead:
-        for v in node_vals[dead.pop()]:
+        nd = dead.pop()
+        if nd in stops:  # its reads are not counted (above)
+            continue
+        for v in node_vals[nd]:
             reads[v] -= 1
             p = val_node[v]
             if reads[v] == 0 and p >= 0 and live[p] and unread(p):

@@ -11,7 +11,7 @@ nothing on failure; so the generated code never needs to report an error itself.
 """
 from __future__ import annotations
 
-from ..ops.registry import SIG_CACHE
+from ..ops.registry import SIG_CACHE, static_type
 from .expression import Expression
 
 _APPENDERS: dict = {}  # (op, kinds) -> generated appender
@@ -60,6 +60,9 @@ def _generate(op, kinds: str, n_out: int, multi: bool):
             j += 1
         else:
             key.append("None" if k == "i" else f"a{i}")
+    spos = [i for i, k in enumerate(kinds) if k == "s"]
+    if spos:  # as add_node: statics that Python finds equal (3, 3.0) are told apart
+        key.append("(" + "".join(f"static_type(a{i}), " for i in spos) + ")")
     unpack = "".join(f"a{i}, " for i in range(len(kinds)))
     guard = " or ".join(["g.checked_path"] + [f"a{i}.g is not g" for i in vpos])
     lines = ["def append(g, args):",
@@ -90,7 +93,10 @@ def _generate(op, kinds: str, n_out: int, multi: bool):
                   f"    depth = {f'max({depths})' if nv > 1 else depths} + 1",
                   f"    rg = sig.has_params or {' or '.join(f'vr[v{j}]' for j in range(nv))}"]
     lines += ["    node = len(g.node_sig)",
-              "    g.node_sig.append(sig)",
+              "    g.node_sig.append(sig)"]
+    if op.stops_gradient:
+        lines.append("    g.stop_nodes.append(node)")
+    lines += [
               f"    g.node_vals.append(({''.join(f'v{j}, ' for j in range(nv))}))",
               "    g.node_ints.append(ints)",
               "    g.node_depth.append(depth)",
@@ -113,7 +119,7 @@ def _generate(op, kinds: str, n_out: int, multi: bool):
                   f"    g.val_depth.extend({repeated('depth')})",
                   f"    return {exprs}"]
     namespace = {"op": op, "kinds": kinds, "SIG_CACHE": SIG_CACHE, "general": general,
-                 "Expression": Expression}
+                 "Expression": Expression, "static_type": static_type}
     # named after this file so that error sites (``sites.user_site``) skip its frames
     code = compile("\n".join(lines), f"{__file__}<{op.name}:{kinds}>", "exec")
     exec(code, namespace)  # noqa: S102  (source built above from kinds only)

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import (ArgumentTypeError, IndexOutOfRangeError, InvalidArgumentError,
                       StaleExpressionError)
 from ..ops.registry import (AKEY_AVAL, INDEX_LIMIT, SIG_CACHE, akey_of, describe,
-                            signature_for)
+                            signature_for, static_type)
 from ..sites import user_site
 
 _FLOAT = np.dtype(np.float32)
@@ -95,6 +95,7 @@ class ComputationGraph:
         self.node_ints: list = []  # its 'i' arguments (tuple, or None)
         self.node_depth: list = []  # 1 + max depth of producers; nodes on constants have 1
         self.node_out: list = []  # id of its first output value (outputs are consecutive)
+        self.stop_nodes: list = []  # nodes of ops that stop gradients (OpDef.stops_gradient)
         # values
         self.val_node: list = []  # producing node, or -1 for a constant
         self.val_akey: list = []  # interned (shape, dtype)
@@ -167,6 +168,7 @@ class ComputationGraph:
         key = [op, kinds]
         vals = []
         ints = None
+        stypes = None
         for k, a in zip(kinds, args):
             if k == "v":
                 if a.g is not self:
@@ -181,6 +183,10 @@ class ComputationGraph:
                 key.append(None)
             else:  # 'p' (the Parameter itself) or 's' (the static value)
                 key.append(a)
+                if k == "s":
+                    stypes = (stypes or ()) + (static_type(a),)
+        if stypes is not None:
+            key.append(stypes)
         key = tuple(key)
         sig = SIG_CACHE.get(key)
         if sig is None:
@@ -199,6 +205,8 @@ class ComputationGraph:
         n = len(self.node_sig)
         if self.check_validity:
             self.node_site[n] = user_site()
+        if sig.op.stops_gradient:
+            self.stop_nodes.append(n)
         self.node_sig.append(sig)
         self.node_vals.append(tuple(vals))
         self.node_ints.append(ints)
@@ -225,8 +233,14 @@ class ComputationGraph:
         return len(self.node_sig), len(self.val_node), len(self.pending_consts)
 
     def rollback(self, mark: tuple) -> None:
-        """Forget every node, value and constant added since ``mark`` (a failed call)."""
+        """Forget every node, value and constant added since ``mark`` (a failed call).
+
+        If a forward pass ran since (a value read inside the call: a generator given to
+        ``esum`` that reads scores to decide), what it computed stays: those nodes have rows
+        and batches, and the pass took the pending constants. Only what came after goes."""
         n, v, c = mark
+        if len(self.val_row) > v:  # the executor extends val_row to every value it computes
+            n, v, c = self.computed, len(self.val_row), 0
         for lst in (self.node_sig, self.node_vals, self.node_ints, self.node_depth,
                     self.node_out):
             del lst[n:]
@@ -239,6 +253,8 @@ class ComputationGraph:
         self.frozen_params = {p: z for p, z in self.frozen_params.items() if z < v}
         for k in [k for k in self.node_site if k >= n]:
             del self.node_site[k]
+        if self.stop_nodes:
+            self.stop_nodes = [s for s in self.stop_nodes if s < n]
 
     def _check_ints(self, sig, ints, kinds, key):
         if len(ints) == 1:  # fast path: one plain in-range int (a lookup, a pick, a label)

@@ -46,6 +46,9 @@ class OpDef(NamedTuple):
     # -inf is a legitimate value of this op (a masked log-probability): the validity mode
     # (``renew_cg(check_validity=True)``) lets it pass, and still stops at NaN and +inf
     neg_inf_ok: bool = False
+    # No gradient flows back through it (nobackprop): backward counts its input as unread
+    # by it (``engine._loss_ancestors``), so what only it reads is not differentiated
+    stops_gradient: bool = False
 
     # Identity semantics: each operation has one OpDef, and a node's signature key is hashed
     # on every node built; hashing the fields (a jnp ufunc hashes slowly) cost up to 1 us.
@@ -132,6 +135,13 @@ KERNEL_CACHES: dict[tuple, dict] = {}  # shape-level key -> that kernel family's
 SIG_CACHE: dict[tuple, Signature] = {}
 
 
+def static_type(a):
+    """What tells apart static arguments that Python finds equal (``3``, ``3.0`` and
+    ``True``; ``(3,)`` and ``(3.0,)``), as ``jax.jit`` tells them apart: signature keys end
+    with their static arguments' types."""
+    return tuple(map(static_type, a)) if type(a) is tuple else type(a)
+
+
 def describe(kinds: str, key_items: tuple) -> str:
     """Human-readable argument shapes for error messages."""
     out = []
@@ -166,7 +176,8 @@ def signature_for(key: tuple) -> Signature:
     """The interned signature for ``key = (op, kinds, *items)``.
 
     ``items[i]`` is the akey for a 'v' argument, the Parameter for a 'p' argument,
-    ``None`` for an 'i' argument and the value itself for an 's' argument.
+    ``None`` for an 'i' argument and the value itself for an 's' argument; where there are
+    's' arguments, one more item follows: their ``static_type``s.
     """
     sig = SIG_CACHE.get(key)
     if sig is None:
@@ -254,7 +265,8 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
     # Kernels take parameters as arguments, so signatures that differ only in WHICH
     # parameters (of equal shapes) they use share compiled kernels: the two directions of a
     # BiRNN, stacked layers of one size, per-class softmax matrices.
-    kernel_key = (op, kinds, sig.statics, sig.in_akeys, sig.param_pos,
+    kernel_key = (op, kinds, sig.statics, tuple(map(static_type, sig.statics)), sig.in_akeys,
+                  sig.param_pos,
                   tuple((p.shape, np.dtype(p.dtype)) for p in params))
     sig.kernels = KERNEL_CACHES.setdefault(kernel_key, {})
     SIGNATURES.append(sig)

@@ -750,20 +750,23 @@ def test_extreme_fan_in(strategy, K):
 def test_static_int_and_float_arguments_are_different_signatures(strategy):
     """Statics that Python finds equal (3, 3.0, True; (3,), (3.0,)) are different
     signatures and kernels, as jax.jit's static arguments are (they were keyed by value
-    only, so f(x, 3) reused f(x, 3.0)'s kernel)."""
+    only, so f(x, 3) reused f(x, 3.0)'s kernel); NumPy's scalars count as Python's."""
     @dx.function
     def half(x, c):
         return x + (c // 2 if isinstance(c, int) else c / 2)
 
     jitted = jax.jit(half.fn, static_argnums=1)
     x0 = np.zeros(3, np.float32)
-    dx.renew_cg(autobatch=strategy)
+    cg = dx.renew_cg(autobatch=strategy)
     x = dx.input(x0)
-    a, b, c = half(x, 3.0), half(x, 3), half(x, True)
-    dx.forward([a, b, c])
+    a, b, c, d = half(x, 3.0), half(x, 3), half(x, True), half(x, np.float32(3.0))
+    dx.forward([a, b, c, d])
     _close(a.npvalue(), jitted(x0, 3.0))  # 1.5
     _close(b.npvalue(), jitted(x0, 3))  # 1.0 in JAX
     _close(c.npvalue(), jitted(x0, True))  # 0.0
+    _close(d.npvalue(), jitted(x0, 3.0))
+    if strategy == "agenda":  # NumPy's float counts as Python's: one batch (a static_type)
+        assert sorted(len(bt.nodes) for bt in cg.batches if bt.sig.op is half.op) == [1, 1, 2]
 
     @dx.function
     def first(x, cs):

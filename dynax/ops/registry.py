@@ -16,6 +16,7 @@ so no op has a hand-written shape rule and the cost is paid once per signature.
 """
 from __future__ import annotations
 
+import numbers
 import threading
 from typing import Callable, NamedTuple
 
@@ -138,8 +139,22 @@ SIG_CACHE: dict[tuple, Signature] = {}
 def static_type(a):
     """What tells apart static arguments that Python finds equal (``3``, ``3.0`` and
     ``True``; ``(3,)`` and ``(3.0,)``), as ``jax.jit`` tells them apart: signature keys end
-    with their static arguments' types."""
-    return tuple(map(static_type, a)) if type(a) is tuple else type(a)
+    with their static arguments' types. NumPy's scalars count as Python's (``np.True_`` as
+    ``True``, ``np.float32(0.5)`` as ``0.5``): one signature, as before, where ``jax.jit``
+    would compile each type apart."""
+    t = type(a)
+    if t is tuple:
+        return tuple(map(static_type, a))
+    kind = _STATIC_KINDS.get(t)
+    if kind is None:
+        kind = _STATIC_KINDS[t] = next(
+            (k for base, k in ((bool, bool), (np.bool_, bool), (numbers.Integral, int),
+                               (numbers.Real, float), (numbers.Complex, complex))
+             if issubclass(t, base)), t)
+    return kind
+
+
+_STATIC_KINDS: dict = {}  # type -> the kind static_type gives it
 
 
 def describe(kinds: str, key_items: tuple) -> str:

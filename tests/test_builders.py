@@ -945,6 +945,8 @@ def test_class_factored_refuses_bad_arguments_and_adds_nothing(tmp_path):
         (TypeError, r"missing pc; the arguments are \(input_dim, word_to_class, pc\[, bias\]\)",
          lambda: cls(HID, [0, 1])),
         (TypeError, "pc given both by position and by name", lambda: cls(HID, [0, 1], pc, pc=pc)),
+        (TypeError, "bias given both by position and by name",
+         lambda: cls(HID, [0, 1], pc, False, bias=True)),
         (TypeError, "word_dict= goes with a cluster file",
          lambda: cls(HID, [0, 1], pc, word_dict={"a": 0})),
         (TypeError, r"the arguments are \(input_dim, word_to_class, pc\[, bias\]\); got 5",

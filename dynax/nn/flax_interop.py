@@ -321,7 +321,8 @@ def from_flax(module, pc, example_input, name: str | None = None, rng=None,
             return nnx.merge(graphdef, tree, rest)(*xs, **kw)
         default_name, constants = kind, None
     else:
-        raise ArgumentTypeError(f"from_flax: expected a flax.linen or flax.nnx Module, got {kind}")
+        raise ArgumentTypeError(f"from_flax: expected a flax.linen or flax.nnx Module, "
+                                f"got {kind}")
 
     path_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     leaves = [leaf for _, leaf in path_leaves]

@@ -22,6 +22,8 @@ import zipfile
 
 import numpy as np
 
+from ..errors import ArgumentTypeError
+
 FORMAT_VERSION = 1
 FORMAT_KEY = "__dynax_format__"
 OBJECTS_KEY = "__dynax_objects__"  # per saved object: the name prefix of its collection
@@ -207,9 +209,9 @@ def _object_parameters(obj, who: str):
     if callable(getter):
         pc = getter()
         return pc._prefix, pc.parameters()
-    from ..errors import ArgumentTypeError
     raise ArgumentTypeError(f"{who}: cannot save or load a {type(obj).__name__}; expected a "
-                    "ParameterCollection, a Parameter or a builder with param_collection()")
+                            "ParameterCollection, a Parameter or a builder with "
+                            "param_collection()")
 
 
 def save(path, objects) -> None:

@@ -126,7 +126,9 @@ class ClassFactoredSoftmaxBuilder:
         in ``word_dict`` are skipped (they can never be labels); a word of ``word_dict``
         that the file leaves without a class is an error.
       pc: the collection that gets a subcollection of this builder's parameters.
-      bias: whether the class and word scores have biases (DyNet's ``bias``).
+      bias: whether the class and word scores have biases (DyNet's ``bias``; default True).
+
+    The arguments after ``word_to_class`` go by position or by name, not both.
 
     ``p(class | h) = softmax(W_c h + b_c)``; for a class ``k`` of ``n_k > 1`` words,
     ``p(w | k, h) = softmax(R_k h + b_k)`` with its own ``R_k`` (``n_k × input_dim``), so the
@@ -135,7 +137,7 @@ class ClassFactoredSoftmaxBuilder:
     """
 
     def __init__(self, input_dim: int, word_to_class, *args, word_dict=None, pc=None,
-                 bias=True):
+                 bias=None):
         who = "ClassFactoredSoftmaxBuilder"
         _check_dims(who, input_dim=input_dim)
         self.class_names = None
@@ -146,7 +148,7 @@ class ClassFactoredSoftmaxBuilder:
         if len(args) > len(names):
             raise ArgumentTypeError(f"{who}: the arguments are {form}; got {2 + len(args)}")
         given = dict(zip(names, args))
-        for name, value in (("word_dict", word_dict), ("pc", pc)):
+        for name, value in (("word_dict", word_dict), ("pc", pc), ("bias", bias)):
             if value is None:
                 continue
             if name not in names:
@@ -164,7 +166,7 @@ class ClassFactoredSoftmaxBuilder:
             w2c, self.class_names = _read_cluster_file(who, word_to_class, given["word_dict"])
         else:
             w2c = _class_list(who, word_to_class)
-        bias = ops._flag_arg(who, "bias", given.get("bias", bias))
+        bias = ops._flag_arg(who, "bias", given.get("bias", True))
         n_classes = max(w2c) + 1
         self.input_dim, self.vocab_size, self.n_classes = int(input_dim), len(w2c), n_classes
         self.word_to_class = w2c

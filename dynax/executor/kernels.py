@@ -318,6 +318,9 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
             off = val_off[i]
             if modes[i] == GATHER:
                 idx = packet[off:off + B]
+                if B > 1:  # a padded lane (lane 0's inputs, a zero cotangent) adds 0 * J,
+                    # NaN where lane 0's derivative is infinite: it must add nothing
+                    d = jnp.where(_lane_mask(packet, B, d.ndim), d, 0)
             else:
                 idx, d = packet[off:off + 1], d[None]
             updates.setdefault(g_akeys.index(sig.in_akeys[i]), []).append((idx, d))

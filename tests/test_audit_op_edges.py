@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import dynax as dx
+from reference import STRATEGIES
 
-STRATEGIES = ("none", "depth", "agenda")
 NEG_INF = np.array([-np.inf, 0.0, 0.0], np.float32)
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import dynax as dx
+from reference import STRATEGIES, ref_gru, ref_lstm
 
-STRATEGIES = ("none", "depth", "agenda")
 TOL = dict(rtol=1e-5, atol=1e-5)
 IN, HID = 3, 4
 RNG = np.random.default_rng(0)
@@ -70,22 +70,6 @@ def _dot_loss(outs, weights):
 
 def ref_rnn(x, state, Wx, Wh, b):
     return (tanh(Wx @ x + Wh @ state[0] + b),)
-
-
-def ref_lstm(x, state, Wx, Wh, b):
-    c, h = state
-    i, f, o, g = jnp.split(Wx @ x + Wh @ h + b, 4)
-    c2 = sig(i) * tanh(g) + sig(f) * c
-    return c2, sig(o) * tanh(c2)
-
-
-def ref_gru(x, state, Wx, Wh, b):
-    h = state[0]
-    H = h.shape[0]
-    gx, gh = Wx @ x + b, Wh[:2 * H] @ h
-    z, r = sig(gx[:H] + gh[:H]), sig(gx[H:2 * H] + gh[H:])
-    n = tanh(gx[2 * H:] + Wh[2 * H:] @ (r * h))
-    return ((1 - z) * n + z * h,)
 
 
 def ref_coupled_step(x, c, hr, Wx, Wh, b, Wic, Woc):

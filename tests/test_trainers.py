@@ -889,7 +889,14 @@ def test_the_setters_take_a_jax_scalar_as_the_constructor_does():
     assert trainer.learning_rate == pytest.approx(0.5)
     trainer.set_clip_threshold(jnp.float32(2.0))
     assert trainer.get_clip_threshold() == pytest.approx(2.0)
-    for bad in (jnp.bool_(True), jnp.ones(2), jnp.float32(-1.0), jnp.float32(np.inf)):
+    class Shapeless:  # a 0-d shape but no dtype: not a number, though float() takes it
+        shape = ()
+
+        def __float__(self):
+            return 1.0
+
+    for bad in (jnp.bool_(True), jnp.ones(2), jnp.float32(-1.0), jnp.float32(np.inf),
+                Shapeless()):
         with pytest.raises(ValueError, match="SimpleSGDTrainer.learning_rate must be a finite"):
             trainer.learning_rate = bad
         with pytest.raises(ValueError, match="set_clip_threshold: threshold must be a finite"):

@@ -404,7 +404,7 @@ def _non_negative(value, what: str) -> float:
     """``value`` as a float, or a ValueError naming ``what`` unless finite and >= 0. A 0-d
     numeric array (``jnp.float32(0.5)``, as Optax takes rates) counts as its number."""
     if getattr(value, "shape", None) == () and getattr(getattr(value, "dtype", None),
-                                                          "kind", "") in "iuf":
+                                                          "kind", None) in ("i", "u", "f"):
         value = float(value)
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
     if not (ok and np.isfinite(value) and value >= 0):

@@ -36,3 +36,45 @@ def ref_gru(x, state, Wx, Wh, b):
     z, r = jax.nn.sigmoid(gx[:H] + gh[:H]), jax.nn.sigmoid(gx[H:2 * H] + gh[H:])
     n = jnp.tanh(gx[2 * H:] + Wh[2 * H:] @ (r * h))
     return ((1 - z) * n + z * h,)
+
+
+def ref_leaf(x, W, b_leaf):
+    """A leaf of ``dx.nn.TreeLSTMBuilder`` in plain JAX: ``(h, c)``."""
+    i, o, u = jnp.split(W @ x + b_leaf, 3)
+    c = jax.nn.sigmoid(i) * jnp.tanh(u)
+    return jax.nn.sigmoid(o) * jnp.tanh(c), c
+
+
+def ref_compose(left, right, Ul, Ur, b):
+    """An inner node of ``dx.nn.TreeLSTMBuilder`` from its children's ``(h, c)``."""
+    (hl, cl), (hr, cr) = left, right
+    i, fl, fr, o, u = jnp.split(Ul @ hl + Ur @ hr + b, 5)
+    c = jax.nn.sigmoid(i) * jnp.tanh(u) + jax.nn.sigmoid(fl) * cl + jax.nn.sigmoid(fr) * cr
+    return jax.nn.sigmoid(o) * jnp.tanh(c), c
+
+
+def ref_binary_tree(vals, t, xs):
+    """``(h, c)`` of the binary tree ``t`` (nested pairs over indices into ``xs``); ``vals``
+    are the builder's parameters in order: W, b_leaf, U_l, U_r, b."""
+    W, b_leaf, Ul, Ur, b = vals
+    if isinstance(t, int):
+        return ref_leaf(xs[t], W, b_leaf)
+    return ref_compose(ref_binary_tree(vals, t[0], xs), ref_binary_tree(vals, t[1], xs),
+                       Ul, Ur, b)
+
+
+def ref_child_sum_node(x, kids, W, U, b, Wf, Uf, bf):
+    """A node of ``dx.nn.ChildSumTreeLSTMBuilder`` from its input and children's ``(h, c)``."""
+    h_sum = sum((h for h, _ in kids), jnp.zeros(U.shape[1]))
+    i, o, u = jnp.split(W @ x + U @ h_sum + b, 3)
+    fc = sum((jax.nn.sigmoid(Wf @ x + Uf @ hk + bf) * ck for hk, ck in kids),
+             jnp.zeros(U.shape[1]))
+    c = jax.nn.sigmoid(i) * jnp.tanh(u) + fc
+    return jax.nn.sigmoid(o) * jnp.tanh(c), c
+
+
+def ref_child_sum_tree(vals, t, xs):
+    """``(h, c)`` of the tree ``t = (input index, [children])``; ``vals`` are the builder's
+    parameters in order: W, U, b, W_f, U_f, b_f."""
+    kids = [ref_child_sum_tree(vals, c, xs) for c in t[1]]
+    return ref_child_sum_node(xs[t[0]], kids, *vals)

@@ -18,7 +18,8 @@ import optax
 import pytest
 
 import dynax as dx
-from reference import STRATEGIES, assert_close, ref_gru, ref_lstm
+from reference import (STRATEGIES, assert_close, ref_binary_tree, ref_child_sum_tree,
+                       ref_gru, ref_lstm)
 
 MODES = [dict(autobatch="none"), dict(autobatch="depth"), dict(autobatch="agenda"),
          dict(autobatch="agenda", immediate_compute=True),
@@ -599,33 +600,19 @@ def test_builders_over_sequences_of_length_one_and_of_very_different_lengths(str
         assert_close(p.grad, grads[p.name], **tol, what=p.name)
 
 
-SG = jax.nn.sigmoid
 X10 = np.random.RandomState(6).randn(10, IN).astype(np.float32)
 BINARY_TREES = [3, (0, 1), ((0, 1), (2, (3, (4, (5, (6, 7)))))), (9, (8, 8))]
 CHILD_TREES = [(0, []), (1, [(2, []), (3, []), (4, [(5, [])]), (6, []), (7, [])]),
                (None, [(8, [(9, [])])])]
 
 
-def _jax_binary(P, t):  # nn.tree's documented equations
-    if isinstance(t, int):
-        i, o, u = jnp.split(P["W"] @ X10[t] + P["b_leaf"], 3)
-        c = SG(i) * jnp.tanh(u)
-        return SG(o) * jnp.tanh(c), c
-    (hl, cl), (hr, cr) = _jax_binary(P, t[0]), _jax_binary(P, t[1])
-    i, fl, fr, o, u = jnp.split(P["U_l"] @ hl + P["U_r"] @ hr + P["b"], 5)
-    c = SG(i) * jnp.tanh(u) + SG(fl) * cl + SG(fr) * cr
-    return SG(o) * jnp.tanh(c), c
+def _jax_binary(P, t):  # the builder's parameters by short name, in its order
+    return ref_binary_tree([P[k] for k in ("W", "b_leaf", "U_l", "U_r", "b")], t, X10)
 
 
-def _jax_child_sum(P, t):
-    xi, children = t
-    x = jnp.zeros(IN) if xi is None else jnp.asarray(X10[xi])
-    kids = [_jax_child_sum(P, k) for k in children]
-    h_sum = sum([h for h, _ in kids], jnp.zeros(H))
-    fc = sum([SG(P["W_f"] @ x + P["U_f"] @ h + P["b_f"]) * c for h, c in kids], jnp.zeros(H))
-    i, o, u = jnp.split(P["W"] @ x + P["U"] @ h_sum + P["b"], 3)
-    c = SG(i) * jnp.tanh(u) + fc
-    return SG(o) * jnp.tanh(c), c
+def _jax_child_sum(P, t):  # an input index of None is a node without input: zeros
+    xs = {None: jnp.zeros(IN), **dict(enumerate(X10))}
+    return ref_child_sum_tree([P[k] for k in ("W", "U", "b", "W_f", "U_f", "b_f")], t, xs)
 
 
 @pytest.mark.parametrize("strategy", ["agenda"])

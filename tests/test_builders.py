@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dynax as dx
-from reference import STRATEGIES, ref_gru, ref_lstm
+from reference import STRATEGIES, ref_binary_tree, ref_child_sum_tree, ref_gru, ref_lstm
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 IN, HID = 3, 4
@@ -710,27 +710,6 @@ def _binary_tree(t, leaf_expr):
     return TREE.compose(_binary_tree(t[0], leaf_expr), _binary_tree(t[1], leaf_expr))
 
 
-def ref_leaf(x, W, b_leaf):
-    i, o, u = jnp.split(W @ x + b_leaf, 3)
-    c = sig(i) * tanh(u)
-    return sig(o) * tanh(c), c
-
-
-def ref_compose(left, right, Ul, Ur, b):
-    (hl, cl), (hr, cr) = left, right
-    i, fl, fr, o, u = jnp.split(Ul @ hl + Ur @ hr + b, 5)
-    c = sig(i) * tanh(u) + sig(fl) * cl + sig(fr) * cr
-    return sig(o) * tanh(c), c
-
-
-def ref_binary_tree(vals, t, xs):
-    W, b_leaf, Ul, Ur, b = vals
-    if isinstance(t, int):
-        return ref_leaf(xs[t], W, b_leaf)
-    return ref_compose(ref_binary_tree(vals, t[0], xs), ref_binary_tree(vals, t[1], xs),
-                       Ul, Ur, b)
-
-
 def _tree_loss(roots, weights):
     return _dot_loss(_flat(roots), weights)
 
@@ -776,19 +755,6 @@ def _random_child_sum_tree(rng, depth, counts):
 
 def _child_sum_tree(t, xs):
     return CHILD_SUM.node(xs[t[0]], [_child_sum_tree(c, xs) for c in t[1]])
-
-
-def ref_child_sum_node(x, kids, W, U, b, Wf, Uf, bf):
-    h_sum = sum((h for h, _ in kids), jnp.zeros(HID))
-    i, o, u = jnp.split(W @ x + U @ h_sum + b, 3)
-    fc = sum((sig(Wf @ x + Uf @ hk + bf) * ck for hk, ck in kids), jnp.zeros(HID))
-    c = sig(i) * tanh(u) + fc
-    return sig(o) * tanh(c), c
-
-
-def ref_child_sum_tree(vals, t, xs):
-    kids = [ref_child_sum_tree(vals, c, xs) for c in t[1]]
-    return ref_child_sum_node(xs[t[0]], kids, *vals)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

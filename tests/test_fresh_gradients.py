@@ -89,8 +89,8 @@ def test_fresh_variant_only_for_parameters_of_one_batch():
 
 def _signature(fn, param):
     """The signature of ``fn``'s nodes over ``param`` (this test's model only)."""
-    from dynax.ops.registry import SIGNATURES
-    return next(s for s in SIGNATURES if s.op is fn.op and param in s.params)
+    from dynax.ops.registry import live_signatures
+    return next(s for s in live_signatures() if s.op is fn.op and param in s.params)
 
 
 def _backward_variants(sig) -> set:

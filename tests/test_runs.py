@@ -13,7 +13,7 @@ import pytest
 import dynax as dx
 from dynax.executor import engine as engine_module
 from dynax.graph.computation_graph import _compile_count
-from dynax.ops.registry import SIG_CACHE
+from dynax.ops.registry import live_signatures
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 IN, HID = 3, 4
@@ -91,7 +91,7 @@ def _forward_steps(xs):
 def _run_kernels():
     """The LSTM's run kernels: ``{key: kernel}``."""
     mine = set(PC.parameters())
-    return {key: k for sig in set(SIG_CACHE.values()) if mine & set(sig.params)
+    return {key: k for sig in live_signatures() if mine & set(sig.params)
             for key, k in sig.kernels.items() if key[0] == "fwd_run"}
 
 
@@ -182,7 +182,7 @@ def _multi(strategy, seqs, ws):
 
 
 def _clear_kernels():
-    for sig in set(SIG_CACHE.values()):
+    for sig in live_signatures():
         sig.kernels.clear()
 
 

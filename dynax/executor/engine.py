@@ -31,7 +31,7 @@ from .validity import check_argument_grads, check_block, check_forward, check_pa
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
                       compile_clear, forward_kernel, forward_run_kernel, load_block,
                       packet_offsets, seed_gradient)
-from .work import AKEY_SIZE, lane_work, param_elements
+from .work import AKEY_SIZE
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
 ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)
@@ -67,14 +67,14 @@ def _lanes(n: int, sig) -> int:
     if n == 1:
         return 2
     c = coarse_bucket(n)
-    return c if c * lane_work(sig) <= COARSE_MAX_WORK else bucket(n)
+    return c if c * sig.lane_work <= COARSE_MAX_WORK else bucket(n)
 
 
 def _max_padding(n: int, sig) -> tuple:
     """The most padding lanes of batches of ``sig`` over n nodes in all (``_lanes``): of
     one batch, and of all of them together. On the fine ladder a batch of k nodes pads at
     most k lanes; on the coarse one under 3k, and under its work bound."""
-    w = lane_work(sig)
+    w = sig.lane_work
     if 4 * w > COARSE_MAX_WORK:  # never coarse
         return n, n
     return max(n, min(3 * n, COARSE_MAX_WORK // w)), 3 * n
@@ -454,7 +454,7 @@ class Engine:
         step = forward_kernel(sig, modes, B, gflags)
         kern = None
         # runs longer than one form only where _forward fuses (not 'none', no validity checks)
-        if len(run) > 1 and B * param_elements(sig) <= FUSE_MAX_MACS:
+        if len(run) > 1 and B * sig.param_elements <= FUSE_MAX_MACS:
             T = max(RUN_MIN_STEPS, _pow2(len(run)))
             kern = forward_run_kernel(sig, modes, B, gflags, T)
         if kern is None:  # one launch per batch

@@ -29,7 +29,6 @@ from jax import lax
 
 from ..device import get_device
 from .dots import materialised_transposes
-from .work import lane_work
 
 GATHER, UNIFORM = 1, 2  # how a value argument is read: a list of B rows, or one row for all
 
@@ -165,6 +164,7 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
     structure, fixed per kernel, is recorded in ``meta`` at trace time; residuals that are
     parameters are not returned but re-supplied in backward.
     """
+    sig = sig.family  # kernels close over no parameter (registry: a kernel family)
     key = ("fwd", modes, B, gflags)
     k = sig.kernels.get(key)
     if k is not None:
@@ -214,7 +214,7 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
                 warenas[w], block.astype(warenas[w].dtype), packet[out_off[js[0]]], 0)
         return tuple(warenas), saved
 
-    k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}", (0,), B * lane_work(sig)),
+    k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}", (0,), B * sig.lane_work),
                w_akeys, r_akeys, meta, kernel)
     sig.kernels[key] = k
     return k
@@ -278,6 +278,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     (``backward_run_kernel``). With ``gathered_outs`` the packet lists each output's rows
     (a batch of a backward plan, whose nodes' outputs are not one block).
     """
+    sig = sig.family  # kernels close over no parameter (registry: a kernel family)
     key = ("bwd", modes, gflags, B, forward is not None, fresh, param_grads, gathered_outs)
     k = sig.kernels.get(key)
     if k is not None:
@@ -335,7 +336,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
         return tuple(garenas), tuple(g + d for g, d in zip(pgrads, dps))
 
     name = f"{sig.op.name}_bwd_B{B}{'_gathered' if gathered_outs else ''}"
-    k = Kernel(_jit(kernel, name, (0, 1), B * lane_work(sig)), g_akeys, v_akeys, {},
+    k = Kernel(_jit(kernel, name, (0, 1), B * sig.lane_work), g_akeys, v_akeys, {},
                kernel)
     sig.kernels[key] = k
     return k
@@ -361,6 +362,7 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
     a kernel trained but never in a run of ``T``: its steps are launched one by one then,
     compiling nothing.
     """
+    sig = sig.family  # kernels close over no parameter (registry: a kernel family)
     key = ("fwd_run", modes, B, gflags, T)
     k = sig.kernels.get(key)
     if k is not None:
@@ -386,7 +388,7 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
                             for b, r in zip(stacked, saved))
         return lax.fori_loop(0, run_steps(packets), body, (warenas, stacked))
 
-    k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}_T{T}", (0,), B * lane_work(sig)),
+    k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}_T{T}", (0,), B * sig.lane_work),
                step.write_akeys, step.read_akeys, step.meta, kernel)
     sig.kernels[key] = k
     return k
@@ -407,6 +409,7 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
     weight gradient to add a rank-B update to it: for an LSTM LM over one sentence (1,024 x
     512 weights), 4 MB of traffic per word for a few kFLOP.
     """
+    sig = sig.family  # kernels close over no parameter (registry: a kernel family)
     key = ("bwd_run", modes, gflags, B, forward is not None, T)
     k = sig.kernels.get(key)
     if k is not None:
@@ -434,7 +437,7 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
                                dict(zip(read_akeys, varenas)), params, packets)
             return garenas, tuple(g + d for g, d in zip(pgrads, dps))
 
-    k = Kernel(_jit(kernel, f"{sig.op.name}_bwd_B{B}_T{T}", (0, 1), B * lane_work(sig)),
+    k = Kernel(_jit(kernel, f"{sig.op.name}_bwd_B{B}_T{T}", (0, 1), B * sig.lane_work),
                step.write_akeys, read_akeys, {}, kernel)
     sig.kernels[key] = k
     return k
@@ -454,7 +457,7 @@ def _reversed_steps(body, carry, packets):
 def _defers(sig, modes: tuple, B: int) -> bool:
     """Whether a run of this kernel takes its weight gradients after the loop: narrow steps
     with parameters, every value argument gathered per lane (``_run_param_grads``)."""
-    return (B <= DEFER_MAX_LANES and bool(sig.params) and not sig.op.row_gather
+    return (B <= DEFER_MAX_LANES and sig.has_params and not sig.op.row_gather
             and all(m == GATHER for m in modes))
 
 

@@ -1,5 +1,7 @@
-"""What a signature's lane costs, in elements: it sizes a batch's padding (``engine._lanes``)
-and how hard XLA optimises its kernels (``kernels._jit``)."""
+"""Elements per value of each interned shape (``AKEY_SIZE``). What a signature's lane costs
+(``Signature.lane_work``, which sizes a batch's padding in ``engine._lanes`` and how hard XLA
+optimises its kernels in ``kernels._jit``) is computed with its kernel family
+(``registry._new_signature``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,24 +16,3 @@ class _AkeySizes(dict):
 
 
 AKEY_SIZE = _AkeySizes()  # akey -> elements per value
-
-_PARAM_ELEMENTS: dict = {}  # signature id -> elements of its parameters
-_LANE_WORK: dict = {}  # signature id -> lane_work
-
-
-def param_elements(sig) -> int:
-    """Elements of a signature's parameters: per lane, about the multiply-adds of a step."""
-    n = _PARAM_ELEMENTS.get(sig.sid)
-    if n is None:
-        n = _PARAM_ELEMENTS[sig.sid] = sum(int(np.prod(p.shape)) for p in sig.params)
-    return n
-
-
-def lane_work(sig) -> int:
-    """A lane's work, in elements: its parameters' (about its multiply-adds) or its values'
-    (what it reads and writes), whichever is larger."""
-    w = _LANE_WORK.get(sig.sid)
-    if w is None:
-        values = sum(AKEY_SIZE[a] for a in sig.in_akeys + sig.out_akeys)
-        w = _LANE_WORK[sig.sid] = max(1, param_elements(sig), values)
-    return w

@@ -11,18 +11,16 @@ nothing on failure; so the generated code never needs to report an error itself.
 """
 from __future__ import annotations
 
-from ..ops.registry import SIG_CACHE, static_type
+from ..ops.registry import static_type
 from .expression import Expression
-
-_APPENDERS: dict = {}  # (op, kinds) -> generated appender
 
 
 def append_node(g, op, kinds: str, args):
     """Append one node of ``op`` over ``args`` to graph ``g``; its Expression(s)."""
-    fn = _APPENDERS.get((op, kinds))
+    fn = op.appenders.get(kinds)
     if fn is None:  # the first call: checked, and it tells how many outputs the op returns
         v, sig = g.add_node(op, kinds, args)
-        _APPENDERS[op, kinds] = _generate(op, kinds, len(sig.out_akeys), sig.multi)
+        op.appenders[kinds] = _generate(op, kinds, len(sig.out_akeys), sig.multi)
         return _computed_if_immediate(g, wrap(g, v, sig))
     return fn(g, args)
 
@@ -63,6 +61,8 @@ def _generate(op, kinds: str, n_out: int, multi: bool):
     spos = [i for i, k in enumerate(kinds) if k == "s"]
     if spos:  # as add_node: statics that Python finds equal (3, 3.0) are told apart
         key.append("(" + "".join(f"static_type(a{i}), " for i in spos) + ")")
+    # where the signature is interned (registry.signature_table)
+    table = f"a{kinds.index('p')}._signatures" if "p" in kinds else "op_signatures"
     unpack = "".join(f"a{i}, " for i in range(len(kinds)))
     guard = " or ".join(["g.checked_path"] + [f"a{i}.g is not g" for i in vpos])
     lines = ["def append(g, args):",
@@ -71,7 +71,7 @@ def _generate(op, kinds: str, n_out: int, multi: bool):
              "        return general(g, op, kinds, args)"]
     lines += [f"    v{j} = a{i}.v" for j, i in enumerate(vpos)]
     lines += ["    ak = g.val_akey",
-              f"    sig = SIG_CACHE.get(({', '.join(key)}))",
+              f"    sig = {table}.get(({', '.join(key)}))",
               "    if sig is None:",
               "        return general(g, op, kinds, args)",
               "    outs = sig.out_akeys",
@@ -118,7 +118,7 @@ def _generate(op, kinds: str, n_out: int, multi: bool):
                   f"    g.val_rg.extend({repeated('rg')})",
                   f"    g.val_depth.extend({repeated('depth')})",
                   f"    return {exprs}"]
-    namespace = {"op": op, "kinds": kinds, "SIG_CACHE": SIG_CACHE, "general": general,
+    namespace = {"op": op, "kinds": kinds, "op_signatures": op.signatures, "general": general,
                  "Expression": Expression, "static_type": static_type}
     # named after this file so that error sites (``sites.user_site``) skip its frames
     code = compile("\n".join(lines), f"{__file__}<{op.name}:{kinds}>", "exec")

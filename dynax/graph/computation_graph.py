@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import (ArgumentTypeError, IndexOutOfRangeError, InvalidArgumentError,
                       StaleExpressionError)
-from ..ops.registry import (AKEY_AVAL, INDEX_LIMIT, SIG_CACHE, akey_of, describe,
+from ..ops.registry import (AKEY_AVAL, INDEX_LIMIT, akey_of, describe,
                             signature_for, static_type)
 from ..sites import user_site
 
@@ -58,6 +58,11 @@ def counted_here(fn):
         finally:
             _local.counting = prev
     return counted
+
+
+# what retire() empties: all of a graph's per-node and per-value lists but val_akey
+_PER_NODE_LISTS = ("node_sig", "node_vals", "node_ints", "node_depth", "node_out", "stop_nodes",
+                   "val_node", "val_rg", "val_depth", "val_row")
 
 
 class ComputationGraph:
@@ -188,9 +193,7 @@ class ComputationGraph:
         if stypes is not None:
             key.append(stypes)
         key = tuple(key)
-        sig = SIG_CACHE.get(key)
-        if sig is None:
-            sig = signature_for(key)
+        sig = signature_for(key)
         if ints is not None:
             ints = self._check_ints(sig, ints, kinds, key[2:])
         val_node, val_depth, val_rg = self.val_node, self.val_depth, self.val_rg
@@ -302,6 +305,13 @@ class ComputationGraph:
         self.host_values = {}
         self.pending_reads = {}
         self.pending_consts = []
+        # A stale expression still answers its shape and dtype (val_akey), and stats() its
+        # counts; the rest of the graph's per-node lists (~170 bytes a value) go.
+        self.retired_sizes = (len(self.node_sig), len(self.val_node))
+        for name in _PER_NODE_LISTS:
+            setattr(self, name, [])
+        self.node_site, self.frozen_params, self.rows = {}, {}, {}
+        self.zero_consts, self.scalar_consts = {}, {}
 
     def check_alive(self, what: str = "expression"):
         """Raise ``StaleExpressionError`` if ``dx.renew_cg`` has replaced this graph."""
@@ -390,7 +400,9 @@ class ComputationGraph:
         backward_batches (the batches whose backward kernel ran: of the forward's, or of a
         new plan where the forward ran in many narrow passes, ``Engine._backward_plan``;
         batches no loss depends on are skipped) and seconds per phase."""
-        return {"nodes": len(self.node_sig), "values": len(self.val_node),
+        nodes, values = ((len(self.node_sig), len(self.val_node)) if self.alive
+                         else self.retired_sizes)
+        return {"nodes": nodes, "values": values,
                 "batches": self.n_batches, "compiles": self.executables - self.cache_loads,
                 "cache_loads": self.cache_loads,
                 "launches": self.n_launches, "plans_reused": self.n_plans_reused,

@@ -88,7 +88,7 @@ class Parameter(Operators):
     """A trainable array, usable directly inside expressions (``W @ x``)."""
 
     __slots__ = ("name", "shape", "dtype", "_value", "_grad", "_has_grad", "_exported",
-                 "updated", "__weakref__")
+                 "updated", "_signatures", "__weakref__")
 
     def __init__(self, name: str, value: jax.Array):
         self.name = name
@@ -101,6 +101,9 @@ class Parameter(Operators):
         # user holds the current array (``value``), the next update works on a copy instead.
         self._exported = False
         self.updated = True  # trainers skip it when False (DyNet's set_updated)
+        # the signatures of nodes whose first parameter it is (registry.signature_table):
+        # they go when it does
+        self._signatures: dict = {}
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r}, shape={self.shape})"

@@ -467,15 +467,18 @@ def seed_and_node_bounds(avals):
     return INDEX_LIMIT, INDEX_LIMIT
 
 
+@atomic  # a failed node leaves no constant behind
 def training_draw(op, x, rate: float, *statics):
     """A node of ``op`` over ``x``, ``(x, seed, node id, rate, *statics)``; ``x`` itself
-    when ``rate == 0`` or in a graph built with ``train=False``."""
+    when ``rate == 0`` or in a graph built with ``train=False``. The rate is data (a 0-d
+    constant, as a number operand of ``*``): a rate on a schedule compiles nothing new."""
     g = current_graph()
     if rate == 0.0 or not g.train:
         return _as_expression(x, op.name)
     k, x = _one(x, op.name)
-    return _node(op, k + "iis" + "s" * len(statics),
-                 [x, g.seed, len(g.node_sig), float(rate), *statics])
+    rate = Expression(g, g.scalar_constant(float(rate)))
+    return _node(op, k + "iiv" + "s" * len(statics),
+                 [x, g.seed, len(g.node_sig), rate, *statics])
 
 
 def kept_and_scaled(x, keep, p):
@@ -503,7 +506,8 @@ def dropout(x, p: float):
 
     The identity when ``p == 0`` or when the graph was built with ``train=False``. Each node
     draws its mask from a key derived from the graph's seed and its node id, so a fixed seed
-    reproduces the masks and batching does not change them.
+    reproduces the masks and batching does not change them. ``p`` is data, not part of the
+    node's signature: an annealed rate compiles nothing new.
     """
     return training_draw(DROPOUT, x, _dropout_rate("dropout", p))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import types
 
 import jax
 import numpy as np
@@ -18,7 +19,8 @@ from .core import _PARAMETER_TYPES, _node, atomic, input
 from .registry import HEAVY, OpDef
 
 
-_OPS: dict = {}  # fn -> its OpDef
+_OPS: dict = {}  # fn -> its OpDef, for callables other than plain functions (see Function)
+_OP_ATTR = "__dynax_op__"  # where a plain function keeps its OpDef
 _KINDS: dict = {}  # tuple of argument types -> kinds string ("" when no graph argument)
 _INT_POSITIONS: dict = {}  # kinds string -> positions of its per-instance integers
 
@@ -40,6 +42,18 @@ def _fast_kinds(types) -> str | None:
             return None
     kinds = "".join(kinds)
     return kinds if "v" in kinds or "p" in kinds else ""
+
+
+def _op_of(fn) -> OpDef:
+    """The one OpDef of ``fn``: wrappers of one fn share signatures and kernels. A plain
+    function (a def, a lambda, a closure) keeps its own, so that one the user drops (defined
+    per model, per step) goes with its signatures and kernels; other callables (bound
+    methods, partials) are interned for the process's life."""
+    table, key = (fn.__dict__, _OP_ATTR) if type(fn) is types.FunctionType else (_OPS, fn)
+    op = table.get(key)
+    if op is None:
+        op = table[key] = OpDef(getattr(fn, "__qualname__", "function"), fn, HEAVY)
+    return op
 
 
 class Function:
@@ -64,10 +78,7 @@ class Function:
 
     def __init__(self, fn):
         self.fn = fn
-        op = _OPS.get(fn)
-        if op is None:  # one OpDef per fn: wrappers of one fn share signatures and kernels
-            op = _OPS[fn] = OpDef(getattr(fn, "__qualname__", "function"), fn, HEAVY)
-        self.op = op
+        self.op = _op_of(fn)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):

@@ -16,9 +16,11 @@ so no op has a hand-written shape rule and the cost is paid once per signature.
 """
 from __future__ import annotations
 
+import itertools
 import numbers
 import threading
-from typing import Callable, NamedTuple
+import weakref
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,35 +33,51 @@ CHEAP, HEAVY = 0, 1
 INDEX_LIMIT = 2**31 - 1  # int32: the bound of an 'i' argument with no op-specific one
 
 
-class OpDef(NamedTuple):
-    """One operation: its single-instance math and its batching contract."""
+class OpDef:
+    """One operation: its single-instance math and its batching contract.
 
-    name: str
-    fn: Callable  # single-instance JAX function: positional args in node order -> array or tuple
-    cost: int = CHEAP  # agenda tie-break: cheap ops run before heavy ones
-    check: Callable | None = None  # (avals by position, statics) -> None; raises ShapeError
-    index_bounds: Callable | None = None  # (avals by position) -> upper bound per 'i' arg;
-    # None: every 'i' arg is any non-negative int32 (a dx.function's per-instance integers)
-    # The op is ``table[i]`` on a shared table: its backward scatter-adds the row cotangents
-    # into the table's gradient in place instead of materialising a dense table cotangent
-    # (measured: 20000x300 embedding, ~2 dense passes per lookup batch otherwise).
-    row_gather: bool = False
-    # -inf is a legitimate value of this op (a masked log-probability): the validity mode
-    # (``renew_cg(check_validity=True)``) lets it pass, and still stops at NaN and +inf
-    neg_inf_ok: bool = False
-    # No gradient flows back through it (nobackprop): backward counts its input as unread
-    # by it (``engine._loss_ancestors``), so what only it reads is not differentiated
-    stops_gradient: bool = False
+    It also keeps what is interned for it: its signatures without parameters, its kernel
+    families and its node appenders. A ``@dx.function`` the user drops (one defined per
+    model, a closure) goes with them; signatures with parameters are kept by their first
+    parameter instead (``signature_table``), so a dropped model goes with its own."""
 
-    # Identity semantics: each operation has one OpDef, and a node's signature key is hashed
-    # on every node built; hashing the fields (a jnp ufunc hashes slowly) cost up to 1 us.
-    __hash__ = object.__hash__
+    __slots__ = ("name", "fn", "cost", "check", "index_bounds", "row_gather", "neg_inf_ok",
+                 "stops_gradient", "signatures", "kernel_families", "appenders",
+                 "__weakref__")
 
-    def __eq__(self, other):
-        return self is other
+    def __init__(self, name: str, fn: Callable, cost: int = CHEAP,
+                 check: Callable | None = None, index_bounds: Callable | None = None,
+                 row_gather: bool = False, neg_inf_ok: bool = False,
+                 stops_gradient: bool = False):
+        self.name = name
+        # single-instance JAX function: positional args in node order -> array or tuple
+        self.fn = fn
+        self.cost = cost  # agenda tie-break: cheap ops run before heavy ones
+        # (avals by position, statics) -> None; raises ShapeError
+        self.check = check
+        # (avals by position) -> upper bound per 'i' arg; None: every 'i' arg is any
+        # non-negative int32 (a dx.function's per-instance integers)
+        self.index_bounds = index_bounds
+        # The op is ``table[i]`` on a shared table: its backward scatter-adds the row
+        # cotangents into the table's gradient in place instead of materialising a dense
+        # table cotangent (measured: 20000x300 embedding, ~2 dense passes per lookup batch).
+        self.row_gather = row_gather
+        # -inf is a legitimate value of this op (a masked log-probability): the validity
+        # mode (``renew_cg(check_validity=True)``) lets it pass, and still stops at NaN, +inf
+        self.neg_inf_ok = neg_inf_ok
+        # No gradient flows back through it (nobackprop): backward counts its input as
+        # unread by it (``engine._loss_ancestors``), so what only it reads is not
+        # differentiated
+        self.stops_gradient = stops_gradient
+        self.signatures: dict = {}  # key -> Signature, for keys without a parameter
+        self.kernel_families: dict = {}  # kernel key -> the family's Signature
+        self.appenders: dict = {}  # kinds -> generated node appender (graph/appenders.py)
 
-    def __ne__(self, other):
-        return self is not other
+    # Identity semantics (object's): each operation has one OpDef, and a node's signature
+    # key is hashed on every node built; hashing the fields cost up to 1 us.
+
+    def __repr__(self):
+        return f"OpDef({self.name!r})"
 
 
 # ---- abstract values: interned (shape, dtype) keys, one arena per key -------------------
@@ -92,7 +110,7 @@ class Signature:
 
     __slots__ = ("sid", "op", "kinds", "statics", "params", "param_pos", "in_akeys",
                  "out_akeys", "multi", "bounds", "n_ints", "kernels", "has_params",
-                 "values_only")
+                 "values_only", "family", "param_elements", "lane_work", "__weakref__")
 
     def __init__(self, sid, op, kinds, statics, params, param_pos, in_akeys, out_akeys,
                  multi, bounds):
@@ -108,7 +126,12 @@ class Signature:
         self.bounds: tuple = bounds  # exclusive upper bound of each 'i' argument
         self.n_ints = kinds.count("i")
         self.has_params = bool(params)
-        self.kernels: dict = {}  # executor's cache of jitted kernels (shared, see below)
+        self.kernels: dict = {}  # executor's cache of jitted kernels (its family's)
+        self.family: Signature = self  # what its kernels are compiled from (see below)
+        self.param_elements = 0  # elements of its parameters: about a lane's multiply-adds
+        # a lane's work in elements, its parameters' or its values' (what it reads and
+        # writes), whichever is larger: it sizes padding and how hard XLA optimises
+        self.lane_work = 1
         # why its forward cannot save vjp residuals (a callback without a JVP rule), or '':
         # training graphs run it values-only, and a backward that needs it says it cannot
         self.values_only = ""
@@ -131,9 +154,23 @@ class Signature:
         return args
 
 
-SIGNATURES: list[Signature] = []
-KERNEL_CACHES: dict[tuple, dict] = {}  # shape-level key -> that kernel family's cache
-SIG_CACHE: dict[tuple, Signature] = {}
+_SIDS = itertools.count()  # signature ids, never reused
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every signature still in use (introspection)
+
+
+def live_signatures() -> list:
+    """The signatures still alive (kept by a live op or parameter, or a graph), oldest
+    first: for tests and debugging."""
+    return sorted(_LIVE, key=lambda s: s.sid)
+
+
+def signature_table(key: tuple) -> dict:
+    """Where the signature of ``key = (op, kinds, *items)`` is interned: with its first
+    parameter if it has one, else with its op. Nothing global holds a signature, so a
+    model or a ``@dx.function`` the user drops is freed with its signatures (a
+    hyperparameter sweep in one process)."""
+    i = key[1].find("p")
+    return key[0].signatures if i < 0 else key[2 + i]._signatures
 
 
 def static_type(a):
@@ -194,13 +231,13 @@ def signature_for(key: tuple) -> Signature:
     ``None`` for an 'i' argument and the value itself for an 's' argument; where there are
     's' arguments, one more item follows: their ``static_type``s.
     """
-    sig = SIG_CACHE.get(key)
+    table = signature_table(key)
+    sig = table.get(key)
     if sig is None:
         with _INTERN_LOCK:
-            sig = SIG_CACHE.get(key)
+            sig = table.get(key)
             if sig is None:
-                sig = _new_signature(key[0], key[1], key[2:])
-                SIG_CACHE[key] = sig
+                sig = table[key] = _new_signature(key[0], key[1], key[2:])
     return sig
 
 
@@ -275,14 +312,25 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
                 f"{tuple(o.shape)}); return a float (e.g. .astype(jnp.float32)), or read "
                 "integer results such as an argmax from the value on the host")
     out_akeys = tuple(akey_of(o.shape, o.dtype) for o in outs)
-    sig = Signature(len(SIGNATURES), op, kinds, tuple(statics), tuple(params), tuple(param_pos),
+    sig = Signature(next(_SIDS), op, kinds, tuple(statics), tuple(params), tuple(param_pos),
                     tuple(in_akeys), out_akeys, multi, bounds)
     # Kernels take parameters as arguments, so signatures that differ only in WHICH
     # parameters (of equal shapes) they use share compiled kernels: the two directions of a
-    # BiRNN, stacked layers of one size, per-class softmax matrices.
-    kernel_key = (op, kinds, sig.statics, tuple(map(static_type, sig.statics)), sig.in_akeys,
-                  sig.param_pos,
-                  tuple((p.shape, np.dtype(p.dtype)) for p in params))
-    sig.kernels = KERNEL_CACHES.setdefault(kernel_key, {})
-    SIGNATURES.append(sig)
+    # BiRNN, stacked layers of one size, per-class softmax matrices. The kernels are
+    # compiled from the family's signature, which names no parameter: kernels outlive the
+    # model that first compiled them without keeping it alive.
+    kernel_key = (kinds, sig.statics, tuple(map(static_type, sig.statics)), sig.in_akeys,
+                  sig.param_pos, tuple((p.shape, np.dtype(p.dtype)) for p in params))
+    family = op.kernel_families.get(kernel_key)
+    if family is None:
+        family = Signature(next(_SIDS), op, kinds, sig.statics, (), sig.param_pos,
+                           sig.in_akeys, out_akeys, multi, bounds)
+        family.has_params = bool(params)
+        family.param_elements = sum(int(np.prod(p.shape)) for p in params)
+        values = sum(int(np.prod(AKEY_AVAL[a].shape)) for a in sig.in_akeys + out_akeys)
+        family.lane_work = max(1, family.param_elements, values)
+        op.kernel_families[kernel_key] = family
+    sig.family, sig.kernels = family, family.kernels
+    sig.param_elements, sig.lane_work = family.param_elements, family.lane_work
+    _LIVE.add(sig)
     return sig

@@ -14,7 +14,9 @@ times several side by side, their timed updates interleaved, and returns a dict 
 per system (``summarise``). The time split per update is the one of Figure 2 of DyNet's
 autobatching paper (Neubig et al., 2017): graph ``build``, ``schedule`` (batching),
 ``forward``, ``backward`` (host time of dispatching the kernels), ``wait`` (blocked on the
-device) and ``update`` (dispatching the optimizer step); they add up to the wall time.
+device) and ``update`` (dispatching the optimizer step, and the harness's own bookkeeping
+after it, where the host can be held up while the device runs the backward pass); they add
+up to the wall time of each whole update call.
 
 Both systems run the loop a user writes, with JAX's asynchronous dispatch: each update reads
 its loss, and nothing else waits for the device. The baseline's loss comes out of its fused

@@ -19,7 +19,7 @@ from .core import _PARAMETER_TYPES, _node, atomic, input
 from .registry import HEAVY, OpDef
 
 
-_OPS: dict = {}  # fn -> its OpDef, for callables other than plain functions (see Function)
+_OPS: dict = {}  # fn -> its OpDef, for callables other than plain functions (_op_of)
 _OP_ATTR = "__dynax_op__"  # where a plain function keeps its OpDef
 _KINDS: dict = {}  # tuple of argument types -> kinds string ("" when no graph argument)
 _INT_POSITIONS: dict = {}  # kinds string -> positions of its per-instance integers
@@ -46,9 +46,10 @@ def _fast_kinds(types) -> str | None:
 
 def _op_of(fn) -> OpDef:
     """The one OpDef of ``fn``: wrappers of one fn share signatures and kernels. A plain
-    function (a def, a lambda, a closure) keeps its own, so that one the user drops (defined
-    per model, per step) goes with its signatures and kernels; other callables (bound
-    methods, partials) are interned for the process's life."""
+    function (a def, a lambda, a closure) keeps its own, so that one the user drops (one
+    defined per model) goes with its signatures and kernels (those on a parameter that
+    lives on stay with it: ``registry.signature_table``); other callables (bound methods,
+    partials) are interned for the process's life."""
     table, key = (fn.__dict__, _OP_ATTR) if type(fn) is types.FunctionType else (_OPS, fn)
     op = table.get(key)
     if op is None:

@@ -96,9 +96,11 @@ def _main_result(task_results: dict, batch: int | None) -> dict:
     return task_results.get(batch) or task_results[max(task_results)]
 
 
-def print_summary(all_results: dict, default_batch: dict | None = None) -> None:
+def print_summary(all_results: dict, default_batch: dict | None = None,
+                  quick: bool = False) -> None:
     """One line per task (and batch size) and the targets, met or missed (at the task's
-    ``BATCH``, given per task name in ``default_batch``)."""
+    ``BATCH``, given per task name in ``default_batch``); after a ``quick`` run the targets
+    are labelled as a smoke test (a few updates each)."""
     default_batch = default_batch or {}
     print("\n===== Summary (items/s in steady state, mean over the timed updates; "
           "ratios within this run)")
@@ -116,7 +118,8 @@ def print_summary(all_results: dict, default_batch: dict | None = None) -> None:
                   + f"{harness.fmt(ag.get('x_none'), '.2f'):>13}"
                   + f"{harness.fmt(ag.get('x_hand'), '.2f'):>13}"
                   + f"{harness.fmt(ag.get('compiles_per_step'), '.2f'):>9}")
-    print("\nSpeed targets:")
+    print("\nSpeed targets" + (" (a quick run: a few updates each, a smoke test, not a "
+                                "measurement):" if quick else ":"))
     for task, desc, kind, value in TARGETS:
         res = _main_result(all_results.get(task) or {}, default_batch.get(task))
         measured, status = check_target(kind, value, res.get("agenda"))
@@ -181,7 +184,7 @@ def main(argv=None) -> dict:
         if res is not None:
             all_results[name] = res
             default_batch[name] = harness.load_task(name).BATCH
-    print_summary(all_results, default_batch)
+    print_summary(all_results, default_batch, quick=args.quick)
     return all_results
 
 

@@ -103,8 +103,12 @@ def test_summary_marks_targets_and_says_how_fast_the_machine_ran(capsys):
     assert "[not run] tagger" in out
     assert "ran 545 trees/s, 0.50x the ~1,090 trees/s" in out
     assert "benchmarks.vs_dynet" in out  # where DyNet itself is measured
+    assert "smoke test" not in out
     run.print_summary({"tagger": {64: {"agenda": agenda}}}, {"tagger": 64})
     assert "Machine speed" not in capsys.readouterr().out
+    run.print_summary({"tagger": {64: {"agenda": agenda}}}, {"tagger": 64}, quick=True)
+    assert "Speed targets (a quick run: a few updates each, a smoke test" in \
+        capsys.readouterr().out  # a quick run's met/missed is no measurement
 
 
 class _FakeSystem:

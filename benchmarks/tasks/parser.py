@@ -39,9 +39,10 @@ trees, one word attached to ROOT.
   step's MLP across the parsers as a few kernels (and the BiLSTMs of all sentences, in the first
   forward). The hinge terms are built after the last step so they batch together.
 * ``HandModel``: what a skilled JAX user writes: a jitted padded BiLSTM (``lax.scan``, length
-  buckets) gives the encodings; a host-side loop steps the 64 parsers, calling a jitted batched
-  MLP once per step on features gathered by index; then one jitted step re-encodes, gathers
-  the recorded features, and applies loss + grad + Adam.
+  buckets) gives the encodings and keeps their ``jax.vjp``; a host-side loop steps the 64
+  parsers, calling a jitted batched MLP once per step on features gathered by index; then one
+  jitted step gathers the recorded features and applies loss + grad (the encoder's through
+  the kept vjp) + Adam.
 
 Run from the repository root: ``python -m benchmarks.tasks.parser [--quick]``.
 """

@@ -24,14 +24,13 @@ from ..batcher.plans import PlanCache
 from ..batcher.strategies import schedule
 from ..device import get_device, zeros
 from ..errors import StaleExpressionError
-from ..ops.registry import AKEY_AVAL, CHEAP
+from ..ops.registry import AKEY_AVAL, AKEY_SIZE, CHEAP
 from .ahead import Ahead, is_new
 from .buckets import bucket, coarse_bucket
 from .validity import check_argument_grads, check_block, check_forward, check_param_grads
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
                       compile_clear, forward_kernel, forward_run_kernel, load_block,
                       packet_offsets, seed_gradient)
-from .work import AKEY_SIZE
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
 ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)

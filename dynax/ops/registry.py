@@ -84,6 +84,7 @@ class OpDef:
 
 _AKEYS: dict[tuple, int] = {}
 AKEY_AVAL: list[jax.ShapeDtypeStruct] = []
+AKEY_SIZE: list[int] = []  # akey -> elements per value (padding, arena rows, lane work)
 # Interning is shared by every thread's graphs: a new id is its table's length, so making
 # one must not interleave with another thread's (two shapes or signatures with one id would
 # batch together). Lookups of existing ids stay lock-free.
@@ -99,6 +100,7 @@ def akey_of(shape: tuple, dtype) -> int:
             a = _AKEYS.get(k)
             if a is None:
                 AKEY_AVAL.append(jax.ShapeDtypeStruct(k[0], k[1]))
+                AKEY_SIZE.append(int(np.prod(k[0], dtype=np.int64)))
                 a = _AKEYS[k] = len(AKEY_AVAL) - 1
     return a
 
@@ -327,7 +329,7 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
                            sig.in_akeys, out_akeys, multi, bounds)
         family.has_params = bool(params)
         family.param_elements = sum(int(np.prod(p.shape)) for p in params)
-        values = sum(int(np.prod(AKEY_AVAL[a].shape)) for a in sig.in_akeys + out_akeys)
+        values = sum(AKEY_SIZE[a] for a in sig.in_akeys + out_akeys)
         family.lane_work = max(1, family.param_elements, values)
         op.kernel_families[kernel_key] = family
     sig.family, sig.kernels = family, family.kernels

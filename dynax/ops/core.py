@@ -411,15 +411,21 @@ def _is_number(x) -> bool:
                                       and not isinstance(x, (np.ndarray, jax.Array)))
 
 
+def _number_as_data(x) -> Expression:
+    """The number ``x`` as a 0-d constant of the current graph (data, not part of a node's
+    signature), so that nodes differing only in the number share a signature (one batch,
+    one compilation). Callers are ``@atomic``: a failed node leaves no constant behind."""
+    g = current_graph()
+    return Expression(g, g.scalar_constant(float(x)))
+
+
 @atomic  # a failed node leaves no constant behind
 def _number_operand(op, a, b):
-    """``op`` with a number operand given as a 0-d constant of the graph (data), so that
-    nodes differing only in the number share a signature (one batch, one compilation)."""
-    g = current_graph()
+    """``op`` with a number operand given as data (``_number_as_data``)."""
     if _is_number(a):
-        a = Expression(g, g.scalar_constant(float(a)))
+        a = _number_as_data(a)
     if _is_number(b):
-        b = Expression(g, g.scalar_constant(float(b)))
+        b = _number_as_data(b)
     return _apply(op, a, b)
 
 
@@ -476,9 +482,8 @@ def training_draw(op, x, rate: float, *statics):
     if rate == 0.0 or not g.train:
         return _as_expression(x, op.name)
     k, x = _one(x, op.name)
-    rate = Expression(g, g.scalar_constant(float(rate)))
     return _node(op, k + "iiv" + "s" * len(statics),
-                 [x, g.seed, len(g.node_sig), rate, *statics])
+                 [x, g.seed, len(g.node_sig), _number_as_data(rate), *statics])
 
 
 def kept_and_scaled(x, keep, p):

@@ -15,13 +15,11 @@ import jax.scipy.special
 import numpy as np
 
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
-from ..graph.computation_graph import current_graph
-from ..graph.expression import Expression
 from .core import (MAX_LIST, _all_same, _apply, _binary, _binop, _both, _checked_shape,
-                   _dropout_rate, _indices_in_range, _int, _int_list, _list_op, _padded, _real,
-                   _reduced, _shape, _single, _tensor_node, _unary, _vector, _zero_like, atomic,
-                   cmult, draw_key, input, kept_and_scaled, lookup, parameter,
-                   seed_and_node_bounds, training_draw, zeros)
+                   _dropout_rate, _indices_in_range, _int, _int_list, _list_op,
+                   _number_as_data, _padded, _real, _reduced, _shape, _single, _tensor_node,
+                   _unary, _vector, _zero_like, atomic, cmult, draw_key, input, kept_and_scaled,
+                   lookup, parameter, seed_and_node_bounds, training_draw, zeros)
 from .registry import CHEAP, HEAVY, INDEX_LIMIT, OpDef
 
 # ---- elementwise --------------------------------------------------------------------------------
@@ -100,9 +98,7 @@ def scale_gradient(x, lambd: float = 1.0):
     (DyNet's ``scale_gradient``; ``flip_gradient`` is ``lambd=-1``). ``lambd`` is data (a
     0-d constant of the graph, as a number operand of ``*``): a schedule that changes it
     every update (a gradient-reversal coefficient) compiles nothing new."""
-    lambd = _real("scale_gradient", "lambd", lambd)
-    g = current_graph()
-    return _apply(SCALE_GRADIENT, x, Expression(g, g.scalar_constant(lambd)))
+    return _apply(SCALE_GRADIENT, x, _number_as_data(_real("scale_gradient", "lambd", lambd)))
 
 
 SILU = OpDef("silu", lambda x, beta: x * jax.nn.sigmoid(beta * x), CHEAP)

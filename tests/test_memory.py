@@ -253,3 +253,25 @@ def test_release_memory_ends_the_current_graph_instead_of_zeroing_its_values():
     empty = dx.renew_cg()
     dx.release_memory()  # a graph without values stays current
     assert dx.current_graph() is empty
+
+
+@pytest.mark.parametrize("first", ["lookup", "function", "tanh"])
+def test_the_first_operation_after_release_memory_starts_a_new_graph(first):
+    """Whichever op comes first after ``dx.release_memory()`` (before the fix, one that
+    appended its node straight to the thread's ended graph raised AttributeError)."""
+    pc = dx.ParameterCollection(seed=0)
+    W, E = pc.add_parameters((3, 4)), pc.add_lookup_parameters((10, 4))
+    first_column = dx.function(lambda W: 2.0 * W[:, 0])
+    dx.renew_cg()
+    (W @ E[1]).forward()
+    ended = dx.current_graph()
+    dx.release_memory()
+    w, e = np.asarray(W.value), np.asarray(E.value)
+    if first == "lookup":
+        y, want = E[2], e[2]
+    elif first == "function":
+        y, want = first_column(W), 2 * w[:, 0]
+    else:
+        y, want = dx.tanh(W), np.tanh(w)
+    assert dx.current_graph() is not ended
+    np.testing.assert_allclose(y.npvalue(), want, rtol=1e-6)

@@ -27,7 +27,18 @@ _SCALAR = akey_of((), _FLOAT)  # the arena of 0-d float32 values
 
 STRATEGIES = ("agenda", "depth", "none")
 
-_local = threading.local()
+
+
+class _ThreadState(threading.local):
+    """Per-thread state, each None until set: the current graph (``renew_cg``; None again
+    after ``retire_current_graph``), the engine, and the graph counting compilations."""
+
+    cg = None
+    engine = None
+    counting = None
+
+
+_local = _ThreadState()
 _seed_counter = [0]
 
 
@@ -36,7 +47,7 @@ def _counting_compiles(method):
     graph's (``stats()["compiles"]``)."""
     @functools.wraps(method)
     def wrapper(self, *args):
-        prev = getattr(_local, "counting", None)
+        prev = _local.counting
         _local.counting = self
         try:
             return method(self, *args)
@@ -48,10 +59,10 @@ def _counting_compiles(method):
 def counted_here(fn):
     """``fn`` made to count the compilations it runs, on whatever thread, as the graph
     counting on this thread now does (a compilation handed to another thread)."""
-    g = getattr(_local, "counting", None)
+    g = _local.counting
 
     def counted():
-        prev = getattr(_local, "counting", None)
+        prev = _local.counting
         _local.counting = g
         try:
             return fn()
@@ -414,8 +425,8 @@ class ComputationGraph:
 def compiles_count_for_current_graph():
     """Compilations in the block count as the thread's current graph's (a trainer's
     update: its step compiles once per parameter layout)."""
-    prev = getattr(_local, "counting", None)
-    _local.counting = getattr(_local, "cg", None)
+    prev = _local.counting
+    _local.counting = _local.cg
     try:
         yield
     finally:
@@ -462,7 +473,7 @@ def renew_cg(autobatch: str = "agenda", train: bool = True, seed: int | None = N
     """
     cg = ComputationGraph(autobatch, train, seed, check_validity,
                           immediate_compute)  # checks: raises first
-    old = getattr(_local, "cg", None)
+    old = _local.cg
     if old is not None:
         old.retire()
     _local.cg = cg
@@ -472,7 +483,7 @@ def renew_cg(autobatch: str = "agenda", train: bool = True, seed: int | None = N
 def retire_current_graph(reason: str) -> None:
     """End this thread's current graph, if it has values (``dx.release_memory()`` drops
     the arenas that hold them); the next operation starts a new one."""
-    cg = getattr(_local, "cg", None)
+    cg = _local.cg
     if cg is not None and cg.val_node:
         cg.retire(reason)
         _local.cg = None
@@ -480,14 +491,14 @@ def retire_current_graph(reason: str) -> None:
 
 def current_graph() -> ComputationGraph:
     """The thread's current graph (one is created on first use)."""
-    cg = getattr(_local, "cg", None)
+    cg = _local.cg
     if cg is None:
         cg = renew_cg()
     return cg
 
 
 def _engine():
-    eng = getattr(_local, "engine", None)
+    eng = _local.engine
     if eng is None:
         from ..executor.engine import Engine
         eng = _local.engine = Engine()
@@ -506,7 +517,7 @@ def _on_duration(name, *args, **kwargs):
     if name == "/jax/core/compile/backend_compile_duration":
         with _lock:
             _counts["executables"] += 1
-        g = getattr(_local, "counting", None)  # JAX compiles on the thread that asks
+        g = _local.counting  # JAX compiles on the thread that asks
         if g is not None:
             g.executables += 1
 
@@ -515,7 +526,7 @@ def _on_event(name, *args, **kwargs):
     if name == "/jax/compilation_cache/cache_hits":
         with _lock:
             _counts["cache_loads"] += 1
-        g = getattr(_local, "counting", None)
+        g = _local.counting
         if g is not None:
             g.cache_loads += 1
 

@@ -99,9 +99,8 @@ def _apply_general(op, args):
 
 
 def _node(op: OpDef, kinds: str, items):
-    try:
-        g = _local.cg
-    except AttributeError:
+    g = _local.cg
+    if g is None:  # no graph yet, or the last one ended by dx.release_memory()
         g = current_graph()
     return append_node(g, op, kinds, items)
 

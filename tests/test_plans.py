@@ -155,3 +155,35 @@ def test_a_cached_plan_is_the_plan_scheduling_would_give(strategy):
         n = cg.stats()["nodes"]
         assert list(cache.stream(strategy, cg, 0, n)) == schedule(strategy, cg, 0, n)
     assert cache.hits > 0
+
+
+def test_full_keys_back_off_while_they_miss_and_a_recurring_graph_hits_again():
+    """Graphs of one node and value count that never recur (lengths permuting one
+    multiset: each one's cheap key is the others'): without a back-off every forward built
+    a full key that missed (~5 ms of a Tree-LSTM update). The cache backs off to a few
+    lookups per ``MAX_SKIP`` forwards, every plan stays the one scheduling gives, and a
+    graph that then recurs is reused again, each forward once the back-off has wound down."""
+    import itertools
+    from dynax.batcher.plans import MAX_SKIP, PlanCache
+    from dynax.batcher.strategies import schedule
+    cache = PlanCache(size=2)
+    model = Chains()
+
+    def forward(lengths):
+        cg = dx.renew_cg(autobatch="agenda")
+        model.loss([([1] * k, 0) for k in lengths])
+        n = cg.stats()["nodes"]
+        assert list(cache.stream("agenda", cg, 0, n)) == schedule("agenda", cg, 0, n)
+
+    distinct = itertools.permutations((1, 2, 3, 4, 5, 6, 7))
+    for lengths in itertools.islice(distinct, 300):
+        forward(lengths)
+    assert cache.hits == 0
+    assert cache.lookups <= 40  # 299 without the back-off
+    again = next(distinct)
+    for _ in range(MAX_SKIP + 20):
+        forward(again)
+    hits = cache.hits
+    for _ in range(10):
+        forward(again)
+    assert cache.hits == hits + 10

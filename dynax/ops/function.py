@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from ..errors import ArgumentTypeError
+from ..graph.computation_graph import _local, current_graph
 from ..graph.expression import Expression
 from .core import _PARAMETER_TYPES, _node, atomic, input
 from .registry import HEAVY, OpDef
@@ -80,6 +81,9 @@ class Function:
     def __init__(self, fn):
         self.fn = fn
         self.op = _op_of(fn)
+        # argument types -> the op's generated node appender for their kinds, once it
+        # exists (patterns without per-instance integers, which are converted first)
+        self._appenders: dict = {}
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
@@ -90,9 +94,15 @@ class Function:
                 raise ArgumentTypeError(f"{self.op.name}: a dx.function node takes positional "
                                         "arguments only")
             return self.fn(*args, **kwargs)  # a plain call (e.g. inside another traced one)
-        # fast path: Expressions, Parameters and plain static scalars, kinds cached per
-        # pattern of argument types (one dict lookup instead of a branch per argument)
         types = tuple(map(type, args))
+        append = self._appenders.get(types)
+        if append is not None:  # the usual call: straight to the node's appender
+            g = _local.cg
+            if g is None:
+                g = current_graph()
+            return append(g, args)
+        # Expressions, Parameters and plain static scalars: kinds cached per pattern of
+        # argument types (one dict lookup instead of a branch per argument)
         kinds = _KINDS.get(types)
         if kinds is None:
             kinds = _fast_kinds(types)
@@ -112,7 +122,10 @@ class Function:
             args = list(args)
             for i in ints:
                 args[i] = int(args[i])
-        return _node(self.op, kinds, args)
+        out = _node(self.op, kinds, args)
+        if not ints and kinds in self.op.appenders:  # made by this call if it was the first
+            self._appenders[types] = self.op.appenders[kinds]
+        return out
 
     @atomic
     def _call_general(self, args):

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import dynax as dx
-from dynax.graph import appenders
-from dynax.ops import core
+from dynax.graph.computation_graph import ComputationGraph
 
 RECORDS = ("node_sig", "node_vals", "node_ints", "node_depth", "node_out",
            "val_node", "val_akey", "val_rg", "val_depth")
@@ -35,9 +34,11 @@ E = PC.add_lookup_parameters((10, 4), name="E")
 W = PC.add_parameters((4, 4), name="W")
 
 
-def _build(seed=0):
-    """A graph touching every appender shape: ints, params, statics, multi outputs."""
+def _build(seed=0, general=False):
+    """A graph touching every appender shape: ints, params, statics, multi outputs; with
+    ``general``, every node takes the checked general path (``add_node``)."""
     cg = dx.renew_cg(seed=seed)
+    cg.checked_path = general  # what validity and immediate modes set: appenders defer
     outs = []
     for i in range(3):
         x = E[i]
@@ -57,10 +58,14 @@ def _records(cg):
 
 def test_generated_appenders_record_what_the_general_path_records(monkeypatch):
     _build()  # generates the appenders (the first call of each pair takes the general path)
+    calls, add_node = [], ComputationGraph.add_node
+    monkeypatch.setattr(ComputationGraph, "add_node",
+                        lambda g, *a: calls.append(a[0]) or add_node(g, *a))
     fast = _records(_build())
-    monkeypatch.setattr(core, "append_node", appenders.general)
-    general = _records(_build())
-    assert fast == general
+    assert not calls  # every node appended by generated code
+    slow = _records(_build(general=True))
+    assert len(calls) == len(slow["node_sig"])  # every node by add_node
+    assert fast == slow
 
 
 def test_fast_path_defers_to_the_checked_path():
@@ -98,3 +103,38 @@ def test_validity_mode_records_user_sites():
     E[3]
     assert len(cg.node_site) == 2
     assert all(__file__ in site for site in cg.node_site.values())
+
+
+def test_a_function_called_with_alternating_argument_patterns():
+    """A ``@dx.function`` goes straight to the typed appender of its last call's kinds,
+    which refuses other argument types (a value where a parameter was, a bool where a
+    float was, JAX arrays inside a trace, another arity): each such call takes the slow
+    path and gets its own kinds' node, value and gradient, as ``jax`` gives them."""
+    @dx.function
+    def affine(x, A, scale):
+        return scale * jnp.tanh(A @ x)
+
+    w = np.asarray(W.value)
+    x0 = np.array([0.5, -1.0, 2.0, 0.25], np.float32)
+    for strategy in ("none", "agenda"):
+        cg = dx.renew_cg(autobatch=strategy)
+        x = dx.input(x0)
+        A = dx.input(w.T)
+        outs = [affine(x, W, 2.0), affine(x, A, 2.0), affine(x, W, True), affine(x, W, 3),
+                affine(x, A, 0.5), affine(x, W, 2.0)]
+        kinds = [cg.node_sig[cg.val_node[o.v]].kinds for o in outs]
+        assert kinds == ["vps", "vvs", "vps", "vps", "vvs", "vps"]
+        want = [2.0 * np.tanh(w @ x0), 2.0 * np.tanh(w.T @ x0), np.tanh(w @ x0),
+                3 * np.tanh(w @ x0), 0.5 * np.tanh(w.T @ x0), 2.0 * np.tanh(w @ x0)]
+        for o, v in zip(outs, want):
+            np.testing.assert_allclose(o.npvalue(), v, rtol=1e-5, atol=1e-6)
+        with pytest.raises(dx.ShapeError, match="missing 1 required positional argument"):
+            affine(x, W)  # another arity: traced, fn's own error names it
+        # a plain call with arrays, inside another function's trace, runs fn itself
+        nested = dx.function(lambda x, A: affine(x, A, 2.0) + 1.0)(x, W)
+        np.testing.assert_allclose(nested.npvalue(), 2.0 * np.tanh(w @ x0) + 1.0, rtol=1e-5)
+        dx.esum([dx.sum_elems(o) for o in outs]).backward()
+        # d/dW of sum(s * tanh(W x)) over the W calls (scales 2, 1, 3, 2)
+        grad = sum(s * np.outer(1 - np.tanh(w @ x0) ** 2, x0) for s in (2.0, 1.0, 3.0, 2.0))
+        np.testing.assert_allclose(W.grad, grad, rtol=1e-4, atol=1e-5)
+        W.zero_grad()

@@ -14,7 +14,8 @@ import jax
 import numpy as np
 
 from ..errors import ArgumentTypeError
-from ..graph.computation_graph import _local, current_graph
+from ..graph.appenders import typed_appender
+from ..graph.computation_graph import _local
 from ..graph.expression import Expression
 from .core import _PARAMETER_TYPES, _node, atomic, input
 from .registry import HEAVY, OpDef
@@ -58,6 +59,10 @@ def _op_of(fn) -> OpDef:
     return op
 
 
+def _no_appender(g, args):
+    return None
+
+
 class Function:
     """A fused, batchable node type made from a pure single-instance JAX function.
 
@@ -81,9 +86,11 @@ class Function:
     def __init__(self, fn):
         self.fn = fn
         self.op = _op_of(fn)
-        # argument types -> the op's generated node appender for their kinds, once it
-        # exists (patterns without per-instance integers, which are converted first)
-        self._appenders: dict = {}
+        # the op's node appender for the last call's kinds, checking the argument types
+        # first (None where they differ), once there is one; per kinds, without
+        # per-instance integers (converted first)
+        self._append = _no_appender
+        self._typed: dict = {}
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
@@ -94,13 +101,12 @@ class Function:
                 raise ArgumentTypeError(f"{self.op.name}: a dx.function node takes positional "
                                         "arguments only")
             return self.fn(*args, **kwargs)  # a plain call (e.g. inside another traced one)
+        g = _local.cg
+        if g is not None:  # the usual call: straight to the node's appender
+            out = self._append(g, args)
+            if out is not None:
+                return out
         types = tuple(map(type, args))
-        append = self._appenders.get(types)
-        if append is not None:  # the usual call: straight to the node's appender
-            g = _local.cg
-            if g is None:
-                g = current_graph()
-            return append(g, args)
         # Expressions, Parameters and plain static scalars: kinds cached per pattern of
         # argument types (one dict lookup instead of a branch per argument)
         kinds = _KINDS.get(types)
@@ -124,7 +130,10 @@ class Function:
                 args[i] = int(args[i])
         out = _node(self.op, kinds, args)
         if not ints and kinds in self.op.appenders:  # made by this call if it was the first
-            self._appenders[types] = self.op.appenders[kinds]
+            append = self._typed.get(kinds)
+            if append is None:
+                append = self._typed[kinds] = typed_appender(self.op, kinds)
+            self._append = append
         return out
 
     @atomic

@@ -394,10 +394,12 @@ class Engine:
         cheap next to the op itself. Outputs are still written as one contiguous block.
         """
         n = len(nodes)
-        val_row, node_vals = g.val_row, g.node_vals
+        row_of = g.val_row.__getitem__
         modes, all_rows = [], []
-        for k, akey in enumerate(sig.in_akeys):
-            rows = [val_row[node_vals[nd][k]] for nd in nodes]
+        # the value arguments of the batch's nodes, one tuple per argument position
+        args = zip(*map(g.node_vals.__getitem__, nodes))
+        for akey, vals in zip(sig.in_akeys, args):
+            rows = list(map(row_of, vals))
             all_rows.append(rows)
             # UNIFORM only pays for large values (a shared computed matrix): for small ones a
             # gather of B copies is cheap, and each mode pattern is a kernel to compile
@@ -411,7 +413,6 @@ class Engine:
         sig = g.node_sig[nodes[0]]
         n = len(nodes)
         B = _lanes(n, sig)
-        outs = g.node_out
         # where a gradient may flow, the forward kernel also saves the vjp residuals
         gflags = (_grad_flags(g, sig, nodes)
                   if g.train and not sig.op.row_gather and not sig.values_only else None)
@@ -419,6 +420,7 @@ class Engine:
         # the packet: [n, output starts, per value arg (B rows | 1 row), per int arg (B ints)]
         packet = [n]
         val_row = g.val_row
+        firsts = list(map(g.node_out.__getitem__, nodes))  # each node's first output value
         starts: dict = {}
         for j, a in enumerate(sig.out_akeys):
             if a in starts:  # outputs of one arena take consecutive blocks of B rows
@@ -427,8 +429,8 @@ class Engine:
                 m = sig.out_akeys.count(a)
                 start = starts[a] = self._alloc(g, a, (m - 1) * B + n, m * B)
             packet.append(start)
-            for i, nd in enumerate(nodes):
-                val_row[outs[nd] + j] = start + i
+            for v, row in zip(firsts, range(start, start + n)):
+                val_row[v + j] = row
         _add_arguments(packet, g, sig, modes, all_rows, B, nodes)
         return sig, modes, B, gflags, packet, nodes
 
@@ -788,10 +790,8 @@ def _add_arguments(packet: list, g, sig, modes, all_rows, B: int, nodes) -> None
             packet += [rows[0]] * (B - n)
         else:
             packet.append(rows[0])
-    if sig.n_ints:
-        node_ints = g.node_ints
-        for k in range(sig.n_ints):
-            xs = [node_ints[nd][k] for nd in nodes]
+    if sig.n_ints:  # one tuple per int argument position
+        for xs in zip(*map(g.node_ints.__getitem__, nodes)):
             packet += xs
             packet += [xs[0]] * (B - n)
 

@@ -8,6 +8,7 @@ which rows were used so trainers can update only those.
 from __future__ import annotations
 
 import numbers
+import operator
 import re
 
 import jax
@@ -211,6 +212,7 @@ class Parameter(Operators):
 # if the user holds it), so one row costs a row, not a round trip of the whole table
 _set_rows = jax.jit(lambda table, rows, values: table.at[rows].set(values), donate_argnums=(0,))
 
+_first = operator.itemgetter(0)
 ALL_ROWS = None  # marker: every row of a lookup table may have a gradient
 
 
@@ -302,7 +304,7 @@ class LookupParameter(Parameter):
         if self.touched is None:
             return
         if sig.op is _ops.LOOKUP and sig.kinds == "pi":
-            self.touched.update(graph.node_ints[nd][0] for nd in nodes)
+            self.touched.update(map(_first, map(graph.node_ints.__getitem__, nodes)))
         else:  # used as a whole inside some other op: any row may have a gradient
             self.touched = ALL_ROWS
 

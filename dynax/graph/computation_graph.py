@@ -28,7 +28,6 @@ _SCALAR = akey_of((), _FLOAT)  # the arena of 0-d float32 values
 STRATEGIES = ("agenda", "depth", "none")
 
 
-
 class _ThreadState(threading.local):
     """Per-thread state, each None until set: the current graph (``renew_cg``; None again
     after ``retire_current_graph``), the engine, and the graph counting compilations."""

@@ -228,14 +228,7 @@ class LookupParameter(Parameter):
     def __getitem__(self, i):
         """``E[i]``: row ``i`` of the table as an expression (``dx.lookup``); ``i`` an int
         (a NumPy one too) in ``[0, rows)``. Slices are not rows: use ``dx.lookup_batch``."""
-        if type(i) is int:  # the usual call: straight to the lookup node's appender
-            append = _ops.LOOKUP.appenders.get("pi")
-            if append is not None:
-                g = _local.cg
-                if g is None:
-                    g = current_graph()
-                return append(g, (self, i))
-        return _ops.lookup(self, i)
+        return _ops._node(_ops.LOOKUP, "pi", (self, i))  # dx.lookup's node, two frames less
 
     # ---- DyNet's row access ------------------------------------------------------------------
     def _row(self, i, what: str) -> int:
@@ -447,4 +440,3 @@ class ParameterCollection:
 
 
 from ..ops import core as _ops  # noqa: E402  (imports this module; bound last)
-from ..graph.computation_graph import _local, current_graph  # noqa: E402

@@ -171,3 +171,13 @@ def test_every_system_times_the_same_batches_and_warms_up_on_others():
     runs = harness.split_batches(task, {"none": (2, 3), "agenda": (5, 20)}, 64)
     assert runs["none"] == ([20, 21], [0, 1, 2])
     assert runs["agenda"] == ([20, 21, 22, 23, 24], list(range(20)))
+
+
+def test_host_cpu_reports_each_figure_of_a_training_loop():
+    """``benchmarks.host_cpu`` (the A/B measure for host-side changes) runs the harness's
+    loop on a task and reports every figure, in ms (nothing here is compared with a time)."""
+    from benchmarks import host_cpu
+    mod, data_kw, model_kw = TINY["treelstm"]
+    r = host_cpu.measure(mod, 2, 1, model_kw, dict(batch_size=2, **data_kw))
+    assert set(r) == {"build", "run", "wall", "python"}
+    assert all(np.isfinite(v) and v > 0 for v in r.values()), r

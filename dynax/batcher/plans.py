@@ -59,9 +59,9 @@ class PlanCache:
         if self.skip_left:  # backing off: the last full keys all missed
             self.skip_left -= 1
             return stream(strategy, graph, lo, hi)
+        self.lookups += 1
         # node_vals and node_out fix the edges among pending nodes (which values a pending
         # node produces); node_depth covers the depths of earlier, computed producers
-        self.lookups += 1
         key = (cheap, tuple(graph.node_sig[lo:hi]), tuple(graph.node_vals[lo:hi]),
                tuple(graph.node_out[lo:hi]), tuple(graph.node_depth[lo:hi]))
         # keyed by the hash: a tuple does not keep its hash, and hashing this one costs ~1 ms

@@ -228,7 +228,7 @@ class LookupParameter(Parameter):
     def __getitem__(self, i):
         """``E[i]``: row ``i`` of the table as an expression (``dx.lookup``); ``i`` an int
         (a NumPy one too) in ``[0, rows)``. Slices are not rows: use ``dx.lookup_batch``."""
-        return _ops._node(_ops.LOOKUP, "pi", (self, i))  # dx.lookup's node, two frames less
+        return _ops._node(_ops.LOOKUP, "pi", (self, i))  # dx.lookup's node, a frame less
 
     # ---- DyNet's row access ------------------------------------------------------------------
     def _row(self, i, what: str) -> int:

@@ -102,10 +102,7 @@ def _node(op: OpDef, kinds: str, items):
     g = _local.cg
     if g is None:  # no graph yet, or the last one ended by dx.release_memory()
         g = current_graph()
-    append = op.appenders.get(kinds)  # append_node's fast path, a frame less per node
-    if append is None:
-        return append_node(g, op, kinds, items)
-    return append(g, items)
+    return append_node(g, op, kinds, items)
 
 
 def _one(x, opname):

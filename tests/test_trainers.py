@@ -52,6 +52,36 @@ def assert_follows_optax(trainer, tx, E, W, batches):
         np.testing.assert_allclose(W.value, params["W"], rtol=1e-5, atol=1e-6)
 
 
+def test_dense_mode_keeps_a_tables_gradient_buffer_and_zeroes_its_used_rows():
+    """In dense mode a table read by rows keeps its gradient buffer across updates and only
+    the rows it used are zeroed (no fresh zero table per update); each update still takes
+    that update's gradient alone, also around an update that read the table as a whole."""
+    pc, E, W = build()
+    tx = optax.adam(0.1)
+    trainer = dx.Trainer(pc, tx)
+    params = {"E": E.value, "W": W.value}
+    state = tx.init(params)
+    v = np.array([1.0, -0.5, 0.25, 2.0], np.float32)
+    for rows, whole in (([1, 2, 2], False), ([3], False), ([1, 7], True), ([2, 9], False)):
+        dx.renew_cg()
+        loss = loss_of(E, W, rows)
+        if whole:
+            loss = loss + dx.sum_elems(dx.tanh(dx.parameter(E) @ dx.input(v)))
+        loss.backward()
+        trainer.update()
+        assert not np.asarray(E.grad).any() and E.touched == set()
+        assert (E._grad is not None) == (not whole)  # kept unless used as a whole
+
+        def ref(p, rows=rows, whole=whole):
+            out = ref_loss(p["E"], p["W"], rows)
+            return out + jnp.sum(jnp.tanh(p["E"] @ v)) if whole else out
+
+        upd, state = tx.update(jax.grad(ref)(params), state, params)
+        params = optax.apply_updates(params, upd)
+        np.testing.assert_allclose(E.value, params["E"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(W.value, params["W"], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("cls,kw", [(dx.SimpleSGDTrainer, dict(learning_rate=0.5)),
                                     (dx.AdagradTrainer, dict(learning_rate=0.3))])
 def test_sparse_equals_dense_for_sgd_and_adagrad(cls, kw):

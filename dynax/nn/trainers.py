@@ -222,7 +222,7 @@ class Trainer:
                                                      lr_scale)
             for p in dense:
                 p._value = new[p.name]
-                p.zero_grad()
+                self._clear_grad(p)
         for p in tables:
             self._update_table(p, scale, lr_scale)
         self.updates += 1
@@ -272,12 +272,23 @@ class Trainer:
                 value, p._grad, self._state[p.name], scale, lr_scale)
             p.zero_grad()
             return
-        rows = sorted(p.touched)
-        padded = np.full(bucket(max(8, len(rows))), rows[0], np.int32)  # bounded compiles
-        padded[: len(rows)] = rows
+        padded = _padded_rows(p.touched)
         p._value, self._state[p.name] = self._sparse_step(
-            value, p._grad, self._state[p.name], padded, np.int32(len(rows)), scale, lr_scale)
-        p._grad = self._zero_rows(p._grad, padded)  # reused in place
+            value, p._grad, self._state[p.name], padded, np.int32(len(p.touched)), scale,
+            lr_scale)
+        self._clear_grad(p, padded)
+
+    def _clear_grad(self, p, padded=None) -> None:
+        """Zero ``p``'s gradient after an update. A lookup table whose gradient is on the
+        rows it looked up only keeps its buffer and zeroes those rows in place: a fresh
+        zero table each update cost the Tree-LSTM's 20,000 x 300 embeddings 1.5-12 ms of
+        device time (the allocation's page faults, measured in a profile of the training
+        loop), against a few hundred rows' write."""
+        if not isinstance(p, LookupParameter) or not p.touched or p._grad is None:
+            p.zero_grad()
+            return
+        p._grad = self._zero_rows(p._grad, _padded_rows(p.touched) if padded is None
+                                  else padded)
         p._has_grad = False
         p.touched = set()
 
@@ -314,6 +325,15 @@ class Trainer:
         if not isinstance(sparse, (bool, np.bool_)):
             raise ArgumentTypeError(f"set_sparse_updates: expected a bool, got {sparse!r}")
         self.sparse_updates = bool(sparse)
+
+
+def _padded_rows(touched) -> np.ndarray:
+    """A table's used rows, sorted, padded with the first to a bucketed length (bounded
+    compiles of the row kernels)."""
+    rows = sorted(touched)
+    padded = np.full(bucket(max(8, len(rows))), rows[0], np.int32)
+    padded[: len(rows)] = rows
+    return padded
 
 
 def _per_element(leaf, shape) -> bool:

@@ -202,3 +202,89 @@ def test_ancestors_of_random_graphs_match_a_reverse_pass(seed):
         want = _reverse_pass(g, L)
         assert (got if got is not None else [True] * (L + 1)) == want
         vals.append(dx.tanh(vals[rng.integers(len(vals))]))
+
+
+@pytest.fixture
+def reads_wait(monkeypatch):
+    """Every read waits for the device (as a training loop's loss read does), so reading a
+    scalar looks for its loss ancestors ahead of ``backward()``; calls are counted."""
+    from dynax.executor import engine
+    calls = []
+    real = engine._loss_ancestors
+
+    def counted(g, node):
+        calls.append(node)
+        return real(g, node)
+
+    monkeypatch.setattr(engine, "_waiting", lambda pending: True)
+    monkeypatch.setattr(engine, "_loss_ancestors", counted)
+    return calls
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_ancestors_found_while_the_loss_is_read_are_used_by_its_backward(strategy, reads_wait):
+    """The loss read first: its ancestors (a decision node at sqrt(0) not among them) are
+    found during the read and backward uses them, running no second search."""
+    pc, W, _ = _params()
+    ref = jax.grad(lambda w: jnp.sum(jnp.tanh(w @ E_IN)))(jnp.asarray(W.value))
+    cg = dx.renew_cg(autobatch=strategy)
+    x = W @ dx.input(E_IN)
+    probe = dx.sqrt(x * 0.0)
+    loss = dx.sum_elems(dx.tanh(x))
+    loss.value()
+    assert len(reads_wait) == 1 and cg.loss_live[1] is not None  # the probe is dead
+    loss.backward()
+    assert len(reads_wait) == 1
+    _grads_finite_and_equal([W], [ref])
+    assert np.all(probe.npvalue() == 0.0)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_backward_of_another_loss_than_the_one_read_finds_its_own_ancestors(strategy,
+                                                                           reads_wait):
+    """A scalar read first, then the gradient of a loss built afterwards from a node the
+    first one does not read: the search made for the read does not fit, and is not used."""
+    pc, W, U = _params()
+    e4 = np.array([0.3, -0.1, 0.2, 0.5], np.float32)
+
+    def ref_b(w, u):
+        h = jnp.tanh(w @ E_IN) * 2.0
+        return jnp.sum(jnp.square(h + u @ e4))
+
+    ref = jax.grad(ref_b, argnums=(0, 1))(jnp.asarray(W.value), jnp.asarray(U.value))
+    dx.renew_cg(autobatch=strategy)
+    x = W @ dx.input(E_IN)
+    h = dx.tanh(x) * 2.0  # dead for a
+    a = dx.sum_elems(dx.square(x))
+    a.value()
+    b = dx.sum_elems(dx.square(h + U @ dx.input(e4)))
+    b.backward()
+    assert len(reads_wait) == 2
+    _grads_finite_and_equal([W, U], ref)
+
+
+def test_a_decoder_reading_a_score_per_step_searches_at_most_once_ahead(reads_wait):
+    """Thirty scalar reads of a growing graph (a decoder's stop decisions), then backward:
+    the ancestors are looked for once during the reads and once for the loss, not per read
+    (which would grow with the graph at every step)."""
+    pc, W, U = _params()
+    dx.renew_cg()
+    h = dx.tanh(W @ dx.input(E_IN))
+    scores = []
+    for _ in range(30):
+        h = dx.tanh(U @ h)
+        s = dx.sum_elems(h)
+        s.value()
+        scores.append(s)
+    dx.esum(scores).backward()
+    assert len(reads_wait) == 2
+
+    def ref(w, u):
+        h, total = jnp.tanh(w @ E_IN), 0.0
+        for _ in range(30):
+            h = jnp.tanh(u @ h)
+            total = total + jnp.sum(h)
+        return total
+
+    _grads_finite_and_equal([W, U], jax.grad(ref, argnums=(0, 1))(jnp.asarray(W.value),
+                                                                  jnp.asarray(U.value)))

@@ -128,6 +128,7 @@ class ComputationGraph:
         self.rows: dict = {}  # akey -> arena rows handed out so far
         self.host_values: dict = {}  # value id -> host copy, fetched in batches (dx.forward)
         self.pending_reads: dict = {}  # value id -> its queued one-row gather (device array)
+        self.loss_live = None  # (node, _loss_ancestors) found while a read waited, at most once
         self.computed = 0  # nodes [0, computed) have values
         self.batches: list = []  # executed batch records, forward order (for backward)
         self.n_batches = 0
@@ -315,6 +316,7 @@ class ComputationGraph:
         self.host_values = {}
         self.pending_reads = {}
         self.pending_consts = []
+        self.loss_live = ()  # not None: no read looks for ancestors again
         # A stale expression still answers its shape and dtype (val_akey), and stats() its
         # counts; the rest of the graph's per-node lists (~170 bytes a value) go.
         self.retired_sizes = (len(self.node_sig), len(self.val_node))

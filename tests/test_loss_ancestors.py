@@ -13,6 +13,7 @@ import optax
 import pytest
 
 import dynax as dx
+from dynax.graph.computation_graph import _engine
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 STRATEGIES = ("agenda", "depth", "none")
@@ -218,6 +219,7 @@ def reads_wait(monkeypatch):
 
     monkeypatch.setattr(engine, "_waiting", lambda pending: True)
     monkeypatch.setattr(engine, "_loss_ancestors", counted)
+    monkeypatch.setattr(_engine(), "search_ahead", True)  # as after a training step
     return calls
 
 
@@ -288,3 +290,30 @@ def test_a_decoder_reading_a_score_per_step_searches_at_most_once_ahead(reads_wa
 
     _grads_finite_and_equal([W, U], jax.grad(ref, argnums=(0, 1))(jnp.asarray(W.value),
                                                                   jnp.asarray(U.value)))
+
+
+def test_only_a_loop_that_reads_its_loss_before_backward_searches_ahead(reads_wait):
+    """An inference loop (reads, never a backward) does not search ahead: its wait for the
+    value can be shorter than the search. A training step (the loss read, then its
+    backward) turns the search on for the next graph; a backward of a value not read
+    turns it off."""
+    pc, W, _ = _params()
+
+    def loss():
+        return dx.sum_elems(dx.tanh(W @ dx.input(E_IN)))
+
+    _engine().search_ahead = False
+    dx.renew_cg()
+    loss().value()
+    assert reads_wait == []  # inference: no search
+    dx.renew_cg()
+    first = loss()
+    first.value()
+    first.backward()
+    assert len(reads_wait) == 1 and _engine().search_ahead  # backward's own search
+    dx.renew_cg()
+    loss().value()
+    assert len(reads_wait) == 2  # searched ahead, as the loop now reads then differentiates
+    dx.renew_cg()
+    loss().backward()  # not read first
+    assert len(reads_wait) == 3 and not _engine().search_ahead

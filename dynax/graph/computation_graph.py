@@ -316,7 +316,7 @@ class ComputationGraph:
         self.host_values = {}
         self.pending_reads = {}
         self.pending_consts = []
-        self.loss_live = ()  # not None: no read looks for ancestors again
+        self.loss_live = None  # its flags go too (a retired graph is read no more)
         # A stale expression still answers its shape and dtype (val_akey), and stats() its
         # counts; the rest of the graph's per-node lists (~170 bytes a value) go.
         self.retired_sizes = (len(self.node_sig), len(self.val_node))

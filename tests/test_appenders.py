@@ -2,6 +2,8 @@
 (``ComputationGraph.add_node``) records, and defer to it for everything unusual."""
 from __future__ import annotations
 
+import importlib
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -138,3 +140,58 @@ def test_a_function_called_with_alternating_argument_patterns():
         grad = sum(s * np.outer(1 - np.tanh(w @ x0) ** 2, x0) for s in (2.0, 1.0, 3.0, 2.0))
         np.testing.assert_allclose(W.grad, grad, rtol=1e-4, atol=1e-5)
         W.zero_grad()
+
+
+@dx.function
+def _scaled_row(x, A, i):
+    return jnp.tanh(A @ x)[i] * 2.0
+
+
+def test_a_function_with_numpy_integers_takes_its_typed_appender(monkeypatch):
+    """Calls with per-instance NumPy integers go straight to the typed appender of their
+    kinds (no general ``_node`` call), which converts the integers as the general path
+    does: the same records, values and gradients as that path and as ``jax``. An integer
+    out of range, or of a NumPy type the typed check does not list, takes the checked path
+    (refused, or appended), and a Python int there is a static, as before."""
+    function = importlib.import_module("dynax.ops.function")  # dx.ops.function: the decorator
+
+    w, x0 = np.asarray(W.value), np.array([0.5, -1.0, 2.0, 0.25], np.float32)
+    rows = [np.int32(1), np.int64(3), np.uint8(0), np.int16(2)]
+
+    def build(general):
+        cg = dx.renew_cg(autobatch="agenda")
+        cg.checked_path = general
+        x = dx.input(x0)
+        outs = [_scaled_row(x, W, i) for i in rows]
+        return cg, x, outs
+
+    build(general=False)  # the first call makes the appenders
+    slow = _records(build(general=True)[0])
+    general_calls = []
+    node = function._node
+    monkeypatch.setattr(function, "_node", lambda *a: general_calls.append(a) or node(*a))
+    cg, x, outs = build(general=False)
+    assert not general_calls  # every call by the typed appender
+    assert _records(cg) == slow
+    assert [cg.node_ints[cg.val_node[o.v]] for o in outs] == [(1,), (3,), (0,), (2,)]
+    assert all(type(i[0]) is int for i in cg.node_ints)
+    want = 2.0 * np.tanh(w @ x0)
+    for o, i in zip(outs, rows):
+        np.testing.assert_allclose(o.value(), want[int(i)], rtol=1e-5)
+    dx.esum(outs).backward()
+    grad = sum(2.0 * (1 - want[int(i)] ** 2 / 4) * np.outer(np.eye(4)[int(i)], x0) for i in rows)
+    np.testing.assert_allclose(W.grad, grad, rtol=1e-4, atol=1e-6)
+    W.zero_grad()
+
+    n = len(cg.node_sig)
+    for bad in (np.int32(4), np.int64(-1), np.int64(2 ** 40)):
+        with pytest.raises(dx.IndexOutOfRangeError, match="_scaled_row"):
+            _scaled_row(x, W, bad)
+    assert len(cg.node_sig) == n  # refused on the checked path, nothing added
+    general_calls.clear()
+    odd = _scaled_row(x, W, np.longlong(2))  # not a type the typed check lists
+    assert general_calls and cg.node_ints[-1] == (2,)
+    np.testing.assert_allclose(odd.value(), want[2], rtol=1e-5)
+    static = _scaled_row(x, W, 2)  # a Python int: a static, another signature
+    assert cg.node_sig[cg.val_node[static.v]].kinds == "vps"
+    np.testing.assert_allclose(static.value(), want[2], rtol=1e-5)

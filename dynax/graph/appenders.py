@@ -11,6 +11,8 @@ nothing on failure; so the generated code never needs to report an error itself.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..ops.registry import static_type
 from .expression import Expression
 
@@ -27,7 +29,9 @@ def append_node(g, op, kinds: str, args):
 
 def typed_appender(op, kinds: str):
     """The appender of (op, kinds), once ``append_node`` has made it, led by a check that
-    ``args`` are of types of those kinds; it returns None where they are not.
+    ``args`` are of types of those kinds; it returns None where they are not. Per-instance
+    integers ('i') must be NumPy integers of a sized type (``np.int32``, ...), and are
+    converted to ``int`` as ``Function.__call__`` does on its general path.
 
     For ``@dx.function`` calls: checking each argument's type against one pattern costs a
     third of what finding the kinds by a tuple of the types does (the build's costliest
@@ -58,9 +62,11 @@ def wrap(g, v, sig):
     return Expression(g, v)
 
 
-# the exact argument types of each kind that a typed appender takes
-# (ops/function.py's _fast_kinds; NumPy integers, kind 'i', are converted first)
+# the exact argument types of each kind that a typed appender takes (ops/function.py's
+# _fast_kinds); per-instance integers ('i') are NumPy integers, converted to int there
 _STATIC_TYPES = frozenset((int, float, str))
+_NUMPY_INT_TYPES = frozenset((np.int8, np.int16, np.int32, np.int64,
+                              np.uint8, np.uint16, np.uint32, np.uint64))
 
 
 def _generate(op, kinds: str, n_out: int, multi: bool, parameter_types=None):
@@ -86,14 +92,17 @@ def _generate(op, kinds: str, n_out: int, multi: bool, parameter_types=None):
     guard = " or ".join(["g.checked_path"] + [f"a{i}.g is not g" for i in vpos])
     lines = ["def append(g, args):"]
     if parameter_types is not None:
+        type_sets = {"p": "parameter_types", "s": "static_types", "i": "numpy_int_types"}
         checks = [f"type(a{i}) is not Expression" if k == "v" else
-                  f"type(a{i}) not in {'parameter' if k == 'p' else 'static'}_types"
-                  for i, k in enumerate(kinds)]
+                  f"type(a{i}) not in {type_sets[k]}" for i, k in enumerate(kinds)]
         lines += [f"    if len(args) != {len(kinds)}:",
                   "        return None",
                   f"    {unpack} = args",
                   f"    if {' or '.join(checks)}:",
                   "        return None"]
+        if ipos:  # as Function.__call__ converts them for the general path
+            lines += [f"    a{i} = int(a{i})" for i in ipos]
+            lines.append(f"    args = ({unpack})")
     else:
         lines.append(f"    {unpack} = args")
     lines += [f"    if {guard}:",
@@ -149,7 +158,8 @@ def _generate(op, kinds: str, n_out: int, multi: bool, parameter_types=None):
                   f"    return {exprs}"]
     namespace = {"op": op, "kinds": kinds, "op_signatures": op.signatures, "general": general,
                  "Expression": Expression, "static_type": static_type,
-                 "parameter_types": parameter_types, "static_types": _STATIC_TYPES}
+                 "parameter_types": parameter_types, "static_types": _STATIC_TYPES,
+                 "numpy_int_types": _NUMPY_INT_TYPES}
     # named after this file so that error sites (``sites.user_site``) skip its frames
     code = compile("\n".join(lines), f"{__file__}<{op.name}:{kinds}>", "exec")
     exec(code, namespace)  # noqa: S102  (source built above from kinds only)

@@ -87,8 +87,7 @@ class Function:
         self.fn = fn
         self.op = _op_of(fn)
         # the op's node appender for the last call's kinds, checking the argument types
-        # first (None where they differ), once there is one; per kinds, without
-        # per-instance integers (converted first)
+        # first (None where they differ) and converting NumPy integers, once there is one
         self._append = _no_appender
         self._typed: dict = {}
         functools.update_wrapper(self, fn)
@@ -129,7 +128,7 @@ class Function:
             for i in ints:
                 args[i] = int(args[i])
         out = _node(self.op, kinds, args)
-        if not ints and kinds in self.op.appenders:  # made by this call if it was the first
+        if kinds in self.op.appenders:  # made by this call if it was the first
             append = self._typed.get(kinds)
             if append is None:
                 append = self._typed[kinds] = typed_appender(self.op, kinds)

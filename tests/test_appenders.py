@@ -151,8 +151,8 @@ def test_a_function_with_numpy_integers_takes_its_typed_appender(monkeypatch):
     """Calls with per-instance NumPy integers go straight to the typed appender of their
     kinds (no general ``_node`` call), which converts the integers as the general path
     does: the same records, values and gradients as that path and as ``jax``. An integer
-    out of range, or of a NumPy type the typed check does not list, takes the checked path
-    (refused, or appended), and a Python int there is a static, as before."""
+    out of range, or of a NumPy integer type the typed check does not list (a subclass),
+    takes the checked path (refused, or appended), and a Python int there is a static."""
     function = importlib.import_module("dynax.ops.function")  # dx.ops.function: the decorator
 
     w, x0 = np.asarray(W.value), np.array([0.5, -1.0, 2.0, 0.25], np.float32)
@@ -189,7 +189,10 @@ def test_a_function_with_numpy_integers_takes_its_typed_appender(monkeypatch):
             _scaled_row(x, W, bad)
     assert len(cg.node_sig) == n  # refused on the checked path, nothing added
     general_calls.clear()
-    odd = _scaled_row(x, W, np.longlong(2))  # not a type the typed check lists
+    class Row(np.int32):  # a NumPy integer of a type the typed check does not list
+        pass
+
+    odd = _scaled_row(x, W, Row(2))
     assert general_calls and cg.node_ints[-1] == (2,)
     np.testing.assert_allclose(odd.value(), want[2], rtol=1e-5)
     static = _scaled_row(x, W, 2)  # a Python int: a static, another signature

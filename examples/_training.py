@@ -4,11 +4,28 @@ examples import it.)"""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import time
 
 import numpy as np
 
 import dynax as dx
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Collect, then exempt the objects alive now (the model, JAX's compiled kernels and
+    caches) from the cyclic garbage collector until the block ends (``gc.freeze``; the
+    README's speed tip). Each update makes tens of thousands of short-lived objects, which
+    trigger a full collection every few updates; without the freeze each one walks JAX's
+    ~200k objects."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def run_parser(doc: str, *, budget_covers: str, quick_is: str, train_size: int = 4000,
@@ -155,23 +172,24 @@ def train_loop(args, step, batches, *, t_start: float, deadline: float, how: str
             return updates < args.updates
         return time.perf_counter() < deadline or updates < args.min_updates
 
-    while more():
-        loss, n, new_compiles, new_extras = step(next(batches))
-        window.append(loss / n)
-        for name, (k, m) in new_extras.items():
-            k0, m0 = extras.get(name, (0, 0))
-            extras[name] = (k0 + k, m0 + m)
-        items += n
-        compiles += new_compiles
-        updates += 1
-        now = time.perf_counter()
-        if args.updates and (updates % max(args.updates // 4, 1) == 0 or not more()) \
-                or not args.updates and (now - t_log >= log_every or not more()):
-            rates = [k / max(m, 1) for k, m in extras.values()]
-            curve.append((updates, float(np.mean(window)), *rates))
-            shown = "".join(f"{name} {r:.3f}  " for name, r in zip(extras, rates))
-            print(f"  update {updates:5d}  loss/{unit} {show_loss(curve[-1][1])}  {shown}"
-                  f"{(items - items_log) / (now - t_log):7.0f} {unit}s/s  {compiles:3d} "
-                  f"compiles  [{now - t_start:5.1f}s]", flush=True)
-            window, extras, compiles, t_log, items_log = [], {}, 0, now, items
+    with frozen_heap():
+        while more():
+            loss, n, new_compiles, new_extras = step(next(batches))
+            window.append(loss / n)
+            for name, (k, m) in new_extras.items():
+                k0, m0 = extras.get(name, (0, 0))
+                extras[name] = (k0 + k, m0 + m)
+            items += n
+            compiles += new_compiles
+            updates += 1
+            now = time.perf_counter()
+            if args.updates and (updates % max(args.updates // 4, 1) == 0 or not more()) \
+                    or not args.updates and (now - t_log >= log_every or not more()):
+                rates = [k / max(m, 1) for k, m in extras.values()]
+                curve.append((updates, float(np.mean(window)), *rates))
+                shown = "".join(f"{name} {r:.3f}  " for name, r in zip(extras, rates))
+                print(f"  update {updates:5d}  loss/{unit} {show_loss(curve[-1][1])}  {shown}"
+                      f"{(items - items_log) / (now - t_log):7.0f} {unit}s/s  {compiles:3d} "
+                      f"compiles  [{now - t_start:5.1f}s]", flush=True)
+                window, extras, compiles, t_log, items_log = [], {}, 0, now, items
     return curve, updates, items, time.perf_counter() - t_train

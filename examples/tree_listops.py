@@ -49,7 +49,7 @@ import numpy as np
 
 import dynax as dx
 from _training import (add_device_flags, apply_device_flags, apply_quick, check_batch,
-                       minibatches, positive_int)
+                       frozen_heap, minibatches, positive_int)
 
 # ============================================================================================
 # Data: the ListOps grammar, a seeded generator, an evaluator and a binariser.
@@ -347,23 +347,24 @@ def main(argv=None) -> dict:
             return steps < max_updates
         return time.perf_counter() - start < args.seconds
 
-    while more():
-        batch = next(batches)
-        loss, stats = train_step(model, trainer, batch)
-        window.append(loss / len(batch))
-        compiles += stats["compiles"]
-        steps += 1
-        updates += 1
-        trees += len(batch)
-        if updates % args.log_every == 0:
-            now = time.perf_counter()
-            rate = (trees - trees_at_log) / (now - t_log)
-            mean_loss = float(np.mean(window))
-            curve.append((updates, mean_loss))
-            print(f"  update {updates:5d}  trees {trees:6d}  loss {mean_loss:.3f}  "
-                  f"{rate:6.0f} trees/s  {compiles:3d} compiles  [{now - start:5.1f}s]",
-                  flush=True)
-            window, t_log, trees_at_log, compiles = [], now, trees, 0
+    with frozen_heap():
+        while more():
+            batch = next(batches)
+            loss, stats = train_step(model, trainer, batch)
+            window.append(loss / len(batch))
+            compiles += stats["compiles"]
+            steps += 1
+            updates += 1
+            trees += len(batch)
+            if updates % args.log_every == 0:
+                now = time.perf_counter()
+                rate = (trees - trees_at_log) / (now - t_log)
+                mean_loss = float(np.mean(window))
+                curve.append((updates, mean_loss))
+                print(f"  update {updates:5d}  trees {trees:6d}  loss {mean_loss:.3f}  "
+                      f"{rate:6.0f} trees/s  {compiles:3d} compiles  [{now - start:5.1f}s]",
+                      flush=True)
+                window, t_log, trees_at_log, compiles = [], now, trees, 0
     train_seconds = time.perf_counter() - start
     if window:
         curve.append((updates, float(np.mean(window))))

@@ -19,8 +19,9 @@ setup: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest --numprocesses=2
 
+# compiled kernels are kept in the venv: a second `make demo` loads them (`make clean` drops them)
 demo: $(STAMP)
-	$(PY) examples/tree_listops.py --cpu-threads 1
+	$(PY) examples/tree_listops.py --cpu-threads 1 --compilation-cache $(VENV)/kernel-cache
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run

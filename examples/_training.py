@@ -52,6 +52,12 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1)
 
 
+def new_kernels(stats: dict) -> int:
+    """The kernels a graph's ``stats()`` say it compiled or loaded from the persistent
+    compilation cache (``--compilation-cache``): warm-up goes on while a pass makes any."""
+    return stats["compiles"] + stats["cache_loads"]
+
+
 def count(text: str) -> int:
     """argparse type: an integer of at least 0 (a number of things; 0: none)."""
     return _int_at_least(text, 0)
@@ -126,17 +132,18 @@ def _endless_minibatches(data, size, rng):
 
 
 def compare_speed(step, batches, max_warmup: int = 4):
-    """Items/s of ``step(batch, strategy) -> (items, compilations)`` under "none" and "agenda"
+    """Items/s of ``step(batch, strategy) -> (items, new kernels)`` under "none" and "agenda"
     on the same minibatches, each timed after warm-up passes (at most ``max_warmup``) that
-    compile its kernels. Returns (speeds and their "ratio", updates run)."""
+    compile its kernels (or load them: ``new_kernels``). Returns (speeds and their "ratio",
+    updates run)."""
     result, updates = {}, 0
     for strategy in ("none", "agenda"):
         for _ in range(max_warmup):
-            compiles = 0
+            made = 0
             for b in batches:
-                compiles += step(b, strategy)[1]
+                made += step(b, strategy)[1]
                 updates += 1
-            if compiles == 0:
+            if made == 0:
                 break
         t0 = time.perf_counter()
         items = sum(step(b, strategy)[0] for b in batches)

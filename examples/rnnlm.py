@@ -39,8 +39,8 @@ import time
 import numpy as np
 
 import dynax as dx
-from _training import (compare_speed, count, minibatches, parse_run_args, positive_int,
-                       run_parser, train_loop)
+from _training import (compare_speed, count, minibatches, new_kernels, parse_run_args,
+                       positive_int, run_parser, train_loop)
 
 # ============================================================================================
 # Data: a probabilistic grammar with agreement and relative clauses, and its recogniser.
@@ -360,7 +360,7 @@ def main(argv=None) -> dict:
 
         def step(batch, strategy):  # (words, compilations)
             _, words, stats = train_step(model, trainer, batch, strategy)
-            return words, stats["compiles"]
+            return words, new_kernels(stats)
 
         speed, _ = compare_speed(step, [next(batches) for _ in range(args.speed_batches)])
 

@@ -38,8 +38,8 @@ import time
 import numpy as np
 
 import dynax as dx
-from _training import (compare_speed, count, minibatches, parse_run_args, positive_int,
-                       run_parser, train_loop)
+from _training import (compare_speed, count, minibatches, new_kernels, parse_run_args,
+                       positive_int, run_parser, train_loop)
 
 # ============================================================================================
 # Data: a tagged lexicon, a small grammar and a seeded sentence generator.
@@ -300,7 +300,7 @@ def main(argv=None) -> dict:
 
         def step(batch, strategy):  # (tokens, compilations)
             _, tokens, stats = train_step(model, trainer, batch, strategy)
-            return tokens, stats["compiles"]
+            return tokens, new_kernels(stats)
 
         speed, _ = compare_speed(step, [next(batches) for _ in range(args.speed_batches)])
 

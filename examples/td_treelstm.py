@@ -54,8 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import dynax as dx
-from _training import (compare_speed, count, minibatches, parse_run_args, positive_int,
-                       run_parser, train_loop)
+from _training import (compare_speed, count, minibatches, new_kernels, parse_run_args,
+                       positive_int, run_parser, train_loop)
 
 # ============================================================================================
 # Data: a probabilistic grammar of labelled trees, its sampler, scorer and recogniser.
@@ -408,7 +408,7 @@ def main(argv=None) -> dict:
               "and 'agenda' (each after warm-up passes that compile its kernels)...", flush=True)
 
         def step(batch, strategy):  # (trees, compilations)
-            return len(batch), train_step(model, trainer, batch, strategy)[1]["compiles"]
+            return len(batch), new_kernels(train_step(model, trainer, batch, strategy)[1])
 
         speed, _ = compare_speed(step, [next(batches) for _ in range(args.speed_batches)])
 

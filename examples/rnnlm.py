@@ -358,7 +358,7 @@ def main(argv=None) -> dict:
         print(f"Timing {args.speed_batches} minibatch(es) of training with autobatch='none' "
               "and 'agenda' (each after warm-up passes that compile its kernels)...", flush=True)
 
-        def step(batch, strategy):  # (words, compilations)
+        def step(batch, strategy):  # (words, kernels compiled or loaded)
             _, words, stats = train_step(model, trainer, batch, strategy)
             return words, new_kernels(stats)
 

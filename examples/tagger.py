@@ -298,7 +298,7 @@ def main(argv=None) -> dict:
         print(f"Timing {args.speed_batches} minibatch(es) of training with autobatch='none' "
               "and 'agenda' (each after warm-up passes that compile its kernels)...", flush=True)
 
-        def step(batch, strategy):  # (tokens, compilations)
+        def step(batch, strategy):  # (tokens, kernels compiled or loaded)
             _, tokens, stats = train_step(model, trainer, batch, strategy)
             return tokens, new_kernels(stats)
 

@@ -407,7 +407,7 @@ def main(argv=None) -> dict:
         print(f"Timing {args.speed_batches} minibatch(es) of training with autobatch='none' "
               "and 'agenda' (each after warm-up passes that compile its kernels)...", flush=True)
 
-        def step(batch, strategy):  # (trees, compilations)
+        def step(batch, strategy):  # (trees, kernels compiled or loaded)
             return len(batch), new_kernels(train_step(model, trainer, batch, strategy)[1])
 
         speed, _ = compare_speed(step, [next(batches) for _ in range(args.speed_batches)])

@@ -37,7 +37,6 @@ from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.extra import const_parameter
 from ..ops.function import function
-from ..ops.registry import akey_of
 from .parameters import Parameter, ParameterCollection
 
 
@@ -396,10 +395,9 @@ class _RNNBuilder:
         update = ops._flag_arg(who, "update", update)
         n, L = self._n_states, self.layers
         if vecs is None:
-            # the graph's one zero vector of this size, shared by every sequence's initial
-            # state: a constant each made the char tagger load ~600 per update
-            g = current_graph()
-            z = Expression(g, g.zero_constant(akey_of((self.hidden_dim,), ops.FLOAT)))
+            # shared by every sequence's initial state: a constant each made the char tagger
+            # load ~600 per update
+            z = ops.shared_zeros((self.hidden_dim,))
             layers = tuple((z,) * n for _ in range(L))
         else:
             vecs = [_as_expr(v, who, f"vector {k}") for k, v in enumerate(vecs)]

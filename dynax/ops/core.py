@@ -992,9 +992,15 @@ def _as_expression(x, opname):
     return item if k == "v" else _apply(IDENTITY, item)
 
 
-def _zero_like(xs):
+def shared_zeros(shape) -> Expression:
+    """The current graph's one zero constant of ``shape``, made at its first use (list
+    padding, RNN initial states): one node and one row however many ask for it."""
     g = current_graph()
-    return Expression(g, g.zero_constant(akey_of(xs[0].shape, FLOAT)))
+    return Expression(g, g.zero_constant(akey_of(shape, FLOAT)))
+
+
+def _zero_like(xs):
+    return shared_zeros(xs[0].shape)
 
 
 def _name_the_item(opname, items):

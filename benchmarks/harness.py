@@ -30,9 +30,7 @@ is where the host blocked.
 """
 from __future__ import annotations
 
-import contextlib
 import csv
-import gc
 import importlib
 import os
 import statistics
@@ -97,26 +95,6 @@ def initial_values(task) -> dict:
 
 def _block_values(pc):
     jax.block_until_ready([p.value for p in pc.parameters()])
-
-
-@contextlib.contextmanager
-def settled_heap():
-    """Collect, then exempt every surviving object from the cyclic garbage collector
-    (``gc.freeze``) until the block ends, as long-running Python services do after start-up.
-
-    Why: a full collection walks every tracked object, and a process with JAX loaded holds
-    ~200k of them (compiled kernels, tracing caches), so each costs ~100 ms here; the
-    graph a dynax update builds allocates enough objects to trigger one every 1-5 updates
-    (measured on the tagger: 0.2 full collections of ~115 ms per update; BiLSTM synthetic:
-    0.7). Frozen, those collections walk only the objects made since (1.5-15 ms). Applied to
-    every system's timed updates alike; the heap is unfrozen afterwards.
-    """
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 class DynaxSystem:
@@ -266,7 +244,8 @@ def run_systems(systems: dict, batches: dict, batch_size: int, rounds: int = ROU
         log(f"   untimed pass {len(passes)}: {n} compilations", flush=True)
     timed_rows = {k: [] for k in systems}
     order = list(systems)
-    with settled_heap():
+    # the collector as a training loop sets it (dx.settled_heap), for every system alike
+    with dx.settled_heap():
         for r in range(rounds):
             for k in (order if r % 2 == 0 else order[::-1]):
                 timed = batches[k][1]

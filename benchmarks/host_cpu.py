@@ -21,7 +21,6 @@ of the older commit with this file copied in, run from its root with ``PYTHONPAT
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 
@@ -54,9 +53,7 @@ def measure(task, n_batches: int, passes: int, model_kw=None, batch_kw=None) -> 
     for b in batches * 2:  # compiles every shape, and fills the caches
         update(b)
     _settle(model)
-    gc.collect()
-    gc.freeze()  # as the harness's timed updates (settled_heap)
-    try:
+    with dx.settled_heap():  # as the harness's timed updates
         build, run = [], []
         for b in batches * passes:  # each phase on its own: the device idle at its start
             _settle(model)
@@ -78,8 +75,6 @@ def measure(task, n_batches: int, passes: int, model_kw=None, batch_kw=None) -> 
         _settle(model)
         n = len(batches) * passes
         wall, python = (time.perf_counter() - t0) / n, (time.thread_time() - c0) / n
-    finally:
-        gc.unfreeze()
     return {"build": 1e3 * statistics.median(build), "run": 1e3 * statistics.median(run),
             "wall": 1e3 * wall, "python": 1e3 * python}
 

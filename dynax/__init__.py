@@ -10,6 +10,7 @@ from .errors import (ArgumentTypeError, DTypeError, DynaxError, IndexOutOfRangeE
                      InvalidArgumentError, NonFiniteValueError, NonScalarBackwardError,
                      ShapeError, StaleExpressionError)
 from .graph import ComputationGraph, Expression, current_graph, renew_cg
+from .heap import settled_heap
 from .nn import (AdadeltaTrainer, AdagradTrainer, AdamTrainer, AmsgradTrainer,
                  CyclicalSGDTrainer, EGTrainer, LookupParameter, MomentumSGDTrainer, Parameter,
                  ParameterCollection, RMSPropTrainer, SimpleSGDTrainer, Trainer, load, save)

@@ -4,28 +4,11 @@ examples import it.)"""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import time
 
 import numpy as np
 
 import dynax as dx
-
-
-@contextlib.contextmanager
-def frozen_heap():
-    """Collect, then exempt the objects alive now (the model, JAX's compiled kernels and
-    caches) from the cyclic garbage collector until the block ends (``gc.freeze``; the
-    README's speed tip). Each update makes tens of thousands of short-lived objects, which
-    trigger a full collection every few updates; without the freeze each one walks JAX's
-    ~200k objects."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def run_parser(doc: str, *, budget_covers: str, quick_is: str, train_size: int = 4000,
@@ -179,7 +162,7 @@ def train_loop(args, step, batches, *, t_start: float, deadline: float, how: str
             return updates < args.updates
         return time.perf_counter() < deadline or updates < args.min_updates
 
-    with frozen_heap():
+    with dx.settled_heap():
         while more():
             loss, n, new_compiles, new_extras = step(next(batches))
             window.append(loss / n)

@@ -49,7 +49,7 @@ import numpy as np
 
 import dynax as dx
 from _training import (add_device_flags, apply_device_flags, apply_quick, check_batch,
-                       frozen_heap, minibatches, new_kernels, positive_int)
+                       minibatches, new_kernels, positive_int)
 
 # ============================================================================================
 # Data: the ListOps grammar, a seeded generator, an evaluator and a binariser.
@@ -348,7 +348,7 @@ def main(argv=None) -> dict:
             return steps < max_updates
         return time.perf_counter() - start < args.seconds
 
-    with frozen_heap():
+    with dx.settled_heap():
         while more():
             batch = next(batches)
             loss, stats = train_step(model, trainer, batch)

@@ -249,21 +249,27 @@ def test_bad_sizes_are_argparse_errors(tagger, capsys, argv, message):
         tagger.minibatches([1, 2, 3], 4, np.random.default_rng(0))
 
 
-def test_the_training_loops_freeze_the_heap_for_their_block_only():
-    """``_training.frozen_heap`` (the README's tip, used by every example's training loop):
-    inside, the objects alive at its start are frozen; after it, also after an error, the
-    collector sees them again."""
+def test_the_training_loop_runs_with_the_settled_heap_for_its_block_only():
+    """``_training.train_loop`` (every example's training loop but the demo's own) runs its
+    steps inside ``dx.settled_heap`` (the README's tip): the heap frozen and the collector's
+    first threshold raised; both as before once it returns."""
+    import argparse
     import gc
     _load("tagger")  # puts examples/ on the path
-    from _training import frozen_heap
-    assert gc.get_freeze_count() == 0
-    with frozen_heap():
-        assert gc.get_freeze_count() > 1000  # the test process, JAX included
-    assert gc.get_freeze_count() == 0
-    with pytest.raises(KeyError):
-        with frozen_heap():
-            raise KeyError("inside the loop")
-    assert gc.get_freeze_count() == 0
+    from _training import train_loop
+    before = gc.get_threshold()
+    seen = []
+
+    def step(batch):
+        seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+        return 2.0, 1, 0, {}
+
+    args = argparse.Namespace(updates=3, min_updates=0)
+    _, updates, _, _ = train_loop(args, step, iter(range(10)), t_start=0.0, deadline=0.0,
+                                  how="test", unit="item")
+    assert updates == 3 and len(seen) == 3
+    assert all(frozen > 1000 and first == dx.heap.TRAINING_THRESHOLD for frozen, first in seen)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
 
 
 def test_warm_up_goes_on_while_a_pass_compiles_or_loads_kernels():

@@ -18,7 +18,8 @@ import gc
 
 TRAINING_THRESHOLD = 50_000  # objects allocated (net) between generation-0 collections
 
-_depth = 0  # nested blocks: only the outermost freezes and restores
+_open = 0  # blocks open now: the first to open sets the collector up, the last to close
+_saved: tuple = ()  # restores it (any order, as threads may close them: the GC is global)
 
 
 @contextlib.contextmanager
@@ -32,27 +33,23 @@ def settled_heap(threshold: int = TRAINING_THRESHOLD):
             for batch in batches:
                 ...
 
-    Cycles made inside are still collected, only less often. Nested blocks are part of
-    the outermost.
+    Cycles made inside are still collected, only less often. The collector is the
+    process's: blocks open at once (nested, or in other threads) share the first one's
+    settings, and the last one to close restores them.
     """
-    global _depth
+    global _open, _saved
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
         raise ValueError(f"settled_heap: threshold must be a positive int, got {threshold!r}")
-    if _depth:
-        _depth += 1
-        try:
-            yield
-        finally:
-            _depth -= 1
-        return
-    old = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(threshold, *old[1:])
-    _depth = 1
+    if not _open:
+        _saved = gc.get_threshold()
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(threshold, *_saved[1:])
+    _open += 1
     try:
         yield
     finally:
-        _depth = 0
-        gc.set_threshold(*old)
-        gc.unfreeze()
+        _open -= 1
+        if not _open:
+            gc.set_threshold(*_saved)
+            gc.unfreeze()

@@ -42,6 +42,18 @@ def test_a_nested_block_is_part_of_the_outer_one():
         assert gc.get_threshold()[0] == 5000 and gc.get_freeze_count() == frozen
 
 
+def test_blocks_closed_out_of_order_restore_when_the_last_one_closes():
+    """As threads may close theirs: the collector is the process's."""
+    before = gc.get_threshold()
+    first, second = dx.settled_heap(5000), dx.settled_heap(99)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert gc.get_threshold()[0] == 5000 and gc.get_freeze_count() > 1000
+    second.__exit__(None, None, None)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+
+
 def test_cycles_made_inside_are_still_collected_by_the_collector_itself():
     class Node:
         pass

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 
 TRAINING_THRESHOLD = 50_000  # objects allocated (net) between generation-0 collections
 
 _open = 0  # blocks open now: the first to open sets the collector up, the last to close
 _saved: tuple = ()  # restores it (any order, as threads may close them: the GC is global)
+_lock = threading.Lock()  # the count and the collector's settings change together
 
 
 @contextlib.contextmanager
@@ -40,16 +42,18 @@ def settled_heap(threshold: int = TRAINING_THRESHOLD):
     global _open, _saved
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
         raise ValueError(f"settled_heap: threshold must be a positive int, got {threshold!r}")
-    if not _open:
-        _saved = gc.get_threshold()
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(threshold, *_saved[1:])
-    _open += 1
+    with _lock:
+        if not _open:
+            _saved = gc.get_threshold()
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(threshold, *_saved[1:])
+        _open += 1
     try:
         yield
     finally:
-        _open -= 1
-        if not _open:
-            gc.set_threshold(*_saved)
-            gc.unfreeze()
+        with _lock:
+            _open -= 1
+            if not _open:
+                gc.set_threshold(*_saved)
+                gc.unfreeze()

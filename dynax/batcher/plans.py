@@ -27,12 +27,23 @@ from .strategies import stream
 MAX_SKIP = 64  # the longest back-off, in forwards: a workload turning recurrent waits so long
 
 
+class Entry:
+    """A cached plan: its full key, its batches, and what the executor keeps with it
+    (``replay``: its prepared batches, see ``executor/replay.py``)."""
+
+    __slots__ = ("key", "plan", "replay")
+
+    def __init__(self, key, plan):
+        self.key, self.plan, self.replay = key, plan, None
+
+
 class PlanCache:
     """The last ``size`` plans, keyed by graph shape; plans are shared, so read-only."""
 
     def __init__(self, size: int = 8):
         self.size = size
-        self.plans: OrderedDict = OrderedDict()  # hash of full key -> (full key, plan)
+        self.plans: OrderedDict = OrderedDict()  # hash of full key -> Entry
+        self.hit: Entry | None = None  # the entry the last ``stream`` reused, or None
         self.seen: OrderedDict = OrderedDict()  # cheap keys met recently
         self.hits = 0
         self.lookups = 0  # full keys built and looked up
@@ -49,6 +60,7 @@ class PlanCache:
         """The plan of ``strategies.stream(strategy, graph, lo, hi)``, from the cache if the
         same graph shape was scheduled recently: a list, or an iterator that yields batches
         as they are chosen (the plan is stored once that has been read to the end)."""
+        self.hit = None
         if strategy == "none":
             return stream(strategy, graph, lo, hi)
         cheap = (strategy, lo, hi, len(graph.val_node))
@@ -67,18 +79,19 @@ class PlanCache:
         # keyed by the hash: a tuple does not keep its hash, and hashing this one costs ~1 ms
         h = hash(key)
         got = self.plans.get(h)
-        if got is not None and got[0] == key:
+        if got is not None and got.key == key:
             self.plans.move_to_end(h)
             self.hits += 1
             self.misses, self.skip = 0, self.skip // 2
-            return got[1]
+            self.hit = got
+            return got.plan
         self.misses += 1
         if self.misses >= self.size:
             self.misses = 0
             self.skip = self.skip_left = min(MAX_SKIP, 2 * self.skip or 1)
         batches = stream(strategy, graph, lo, hi)
         if isinstance(batches, list):
-            _remember(self.plans, h, (key, batches), self.size)
+            _remember(self.plans, h, Entry(key, batches), self.size)
             return batches
         return self._recorded(h, key, batches)
 
@@ -88,7 +101,7 @@ class PlanCache:
         for batch in batches:
             plan.append(batch)
             yield batch
-        _remember(self.plans, h, (key, plan), self.size)
+        _remember(self.plans, h, Entry(key, plan), self.size)
 
 
 def _remember(lru: OrderedDict, key, value, size: int):

@@ -31,6 +31,7 @@ from .validity import check_argument_grads, check_block, check_forward, check_pa
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
                       compile_clear, forward_kernel, forward_run_kernel, load_block,
                       packet_offsets, seed_gradient)
+from .replay import Recording
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
 ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)
@@ -39,6 +40,7 @@ GROW_FAST_BYTES = 64 << 20  # arenas smaller than this grow 4x at a time, larger
 UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
 FUSE_RUNS = True  # consecutive batches of one kernel run as one loop (see _launches)
 AHEAD_COMPILE = True  # a pass's new kernels compile side by side (see ahead.py)
+REPLAY_PREPARED = True  # a reused plan's batches are prepared as last time (see replay.py)
 RUN_MIN_STEPS = 4  # the smallest run kernel: up to this many steps (see _launches)
 FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
 REPLAN_MAX_LANES = 4  # forward batches this narrow on average: backward may plan again
@@ -221,13 +223,15 @@ class Engine:
 
     def _forward(self, g):
         t0 = time.perf_counter()
-        g.val_row.extend([-1] * (len(g.val_node) - len(g.val_row)))
+        first = len(g.val_row)  # the first value no earlier forward pass of g saw
+        g.val_row.extend([-1] * (len(g.val_node) - first))
         lo, hi = g.computed, len(g.node_sig)
         hits = self.plans.hits
         # a list, or an iterator choosing batches as they are read: the first batches are
         # launched while the agenda picks the rest, so the device starts sooner
         batches = self.plans.stream(g.autobatch, g, lo, hi)
         g.n_plans_reused += self.plans.hits - hits
+        reused = self.plans.hit  # the plan's cache entry, where it was reused
         consts: dict = {}  # akey -> [(value id, host array)] of the pending constants
         for v, arr in g.pending_consts:
             consts.setdefault(g.val_akey[v], []).append((v, arr))
@@ -239,6 +243,14 @@ class Engine:
             self._grow_to(self._rows(g, consts, lo, hi, batches))
         self._load_constants(g, consts)
         g.pending_consts = []
+        # a reused plan's batches are prepared as they were last time (replay.py)
+        replay = recording = None
+        if REPLAY_PREPARED and reused is not None and not g.check_validity:
+            if reused.replay is not None and reused.replay.matches(g, first):
+                replay = reused.replay.replay(g)
+                g.n_replayed += 1
+            else:
+                recording = Recording(g, first)
         t1 = time.perf_counter()
         scheduling = t1 - t0
         plan: list = []
@@ -254,7 +266,12 @@ class Engine:
             if nodes is None:
                 break
             plan.append(nodes)
-            step = self._prepare(g, nodes)
+            if replay is not None:
+                step = next(replay)
+            else:
+                step = self._prepare(g, nodes)
+                if recording is not None:
+                    recording.add(step)
             if run and (not fuse or step[:4] != run[0][:4]):
                 n_kernels = len(run[0][0].kernels)  # before the check makes any
                 if held or self._meets_new_kernel(g, run):
@@ -266,6 +283,8 @@ class Engine:
         if run:
             held.append((run, len(run[0][0].kernels)))
         self._launch_held(g, held)
+        if recording is not None:
+            reused.replay = recording.finish(g)
         g.computed = hi
         g.n_batches += len(plan)
         g.forward_passes += 1

@@ -136,6 +136,7 @@ class ComputationGraph:
         self.n_backward_batches = 0  # batches whose backward kernel ran (Engine._backward_plan)
         self.n_launches = 0  # forward kernel launches (a fused run of batches is one)
         self.n_plans_reused = 0  # forwards whose plan came from the executor's plan cache
+        self.n_replayed = 0  # ... whose batches were prepared as last time (executor/replay.py)
         self.executables = 0  # backend compilations this graph's work caused, loads included
         self.cache_loads = 0  # ... of which loaded from the persistent compilation cache
         self.seconds = {"build": 0.0, "schedule": 0.0, "forward": 0.0, "backward": 0.0}
@@ -408,7 +409,9 @@ class ComputationGraph:
         compiles (new XLA compilations caused by this graph: its forward and backward passes
         and reads, and the trainer updates made while it is the thread's current graph; not
         the user's own ``jax.jit`` calls, nor other threads' work), cache_loads (compiled
-        kernels loaded from ``dx.set_compilation_cache``'s directory instead), plans reused,
+        kernels loaded from ``dx.set_compilation_cache``'s directory instead), plans reused
+        (forward passes that reused a cached plan) and plans_replayed (of those, the passes
+        that replayed the rows and packets prepared the last time the plan ran),
         backward_batches (the batches whose backward kernel ran: of the forward's, or of a
         new plan where the forward ran in many narrow passes, ``Engine._backward_plan``;
         batches no loss depends on are skipped) and seconds per phase."""
@@ -418,6 +421,7 @@ class ComputationGraph:
                 "batches": self.n_batches, "compiles": self.executables - self.cache_loads,
                 "cache_loads": self.cache_loads,
                 "launches": self.n_launches, "plans_reused": self.n_plans_reused,
+                "plans_replayed": self.n_replayed,
                 "backward_batches": self.n_backward_batches,
                 "seconds": dict(self.seconds)}
 

@@ -194,6 +194,21 @@ def test_gradient_arenas_are_reused_with_the_written_rows_cleared(monkeypatch):
     assert _engine().spare_grads == {}
 
 
+def test_clearing_a_gradient_arena_zeroes_its_rows_and_is_not_run_inline():
+    """XLA:CPU runs computations of under 1,000 flops (its cost analysis) on the calling
+    thread; a clear of many rows must not be one (``kernels._clear``), or it holds the
+    Python thread while the device idles. The side product must survive XLA's passes."""
+    from dynax.executor import kernels
+    arena = jax.numpy.ones((64, 8), np.float32)
+    kernels.compile_clear(arena, 40)
+    cleared = np.asarray(kernels.clear_rows(arena, 40))
+    assert not cleared[:40].any() and (cleared[40:] == 1).all()
+    aval = jax.ShapeDtypeStruct((64, 8), np.float32)
+    cost = jax.jit(kernels._clear, static_argnums=(1,)).lower(aval, 40).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    assert cost["flops"] >= 1000
+
+
 def test_a_large_arena_grows_in_smaller_steps(monkeypatch):
     """Past GROW_FAST_BYTES an arena grows 2x, not 4x, at a time (with its headroom): a
     chain of 103 values of 1 MiB took a 1 GiB arena, and a gradient arena as large, where

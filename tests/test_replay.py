@@ -13,6 +13,7 @@ import pytest
 
 import dynax as dx
 from dynax.executor import engine
+from reference import grads_of, zero_grads
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -57,15 +58,13 @@ def _batches(n, seed=0, lengths=(3, 5, 2)):
 
 def _run(model, batch, strategy, seed=None, before=None):
     """Loss value, gradients and stats of one graph; ``before`` builds first (unread)."""
-    for p in model.pc.parameters():
-        p.zero_grad()
+    zero_grads(model.pc)
     cg = dx.renew_cg(autobatch=strategy, seed=seed)
     extra = before() if before else None
     loss = model.loss(batch)
     value = loss.scalar_value()
     loss.backward()
-    grads = {p.name: np.asarray(p.grad) for p in model.pc.parameters()}
-    return value, grads, cg.stats(), extra
+    return value, grads_of(model.pc), cg.stats(), extra
 
 
 def _check_against_references(model, batch, value, grads):

@@ -503,7 +503,7 @@ def _seed(garena, row):
 seed_gradient = jax.jit(_seed, donate_argnums=(0,))
 
 
-ASYNC_FLOPS = 16  # the side product that makes XLA:CPU run a clear asynchronously (_clear)
+SIDE_PRODUCT = 16  # the size of the product that makes XLA:CPU run a clear asynchronously (_clear)
 
 
 def _clear(garena, rows: int):
@@ -515,7 +515,7 @@ def _clear(garena, rows: int):
     for ~6 ms at the start of each backward pass, with the device idle, before its first
     kernel launched. A 16 x 16 product (8,192 flops) makes the clear run on XLA's threads
     like any kernel; ``clear_rows`` drops it."""
-    side = jnp.ones((ASYNC_FLOPS, ASYNC_FLOPS), garena.dtype)
+    side = jnp.ones((SIDE_PRODUCT, SIDE_PRODUCT), garena.dtype)
     return (lax.dynamic_update_slice_in_dim(
         garena, jnp.zeros((rows,) + garena.shape[1:], garena.dtype), 0, 0), side @ side)
 

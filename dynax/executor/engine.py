@@ -41,6 +41,7 @@ UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any
 FUSE_RUNS = True  # consecutive batches of one kernel run as one loop (see _launches)
 AHEAD_COMPILE = True  # a pass's new kernels compile side by side (see ahead.py)
 REPLAY_PREPARED = True  # a reused plan's batches are prepared as last time (see replay.py)
+STREAM_BACKWARD = True  # backward kernels launch as they are decided (see _backward_batches)
 RUN_MIN_STEPS = 4  # the smallest run kernel: up to this many steps (see _launches)
 FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
 REPLAN_MAX_LANES = 4  # forward batches this narrow on average: backward may plan again
@@ -627,11 +628,20 @@ class Engine:
         on (``live``: see ``_loss_ancestors``), last first; their new kernels compiled side
         by side first (``ahead.py``)."""
         once = _params_of_one_batch(batches)
+        # Until a kernel that has not run yet turns up, each launch goes as soon as it is
+        # decided, so the device (idle since the forward pass) starts at once; from that
+        # kernel on they are collected, and their new kernels compiled side by side.
+        stream = STREAM_BACKWARD and not g.check_validity
         launches = []
         for batch in reversed(batches):
             with _noting_backward(batch):
-                launches.append((batch, self._backward_launch(g, loss_node, live, once, full,
-                                                              batch)))
+                launch = self._backward_launch(g, loss_node, live, once, full, batch)
+                if stream and (launch is None or launch[0] is None
+                               or not is_new(launch[0].fn)):
+                    self._backward_batch(g, grads, batch, launch)
+                    continue
+            stream = False
+            launches.append((batch, launch))
         ahead = self._compile_backward_ahead(g, grads, launches)
         for batch, launch in launches:
             with _noting_backward(batch):  # e.g. a dx.function JAX cannot differentiate

@@ -1,0 +1,175 @@
+"""Streamed backward launches: each backward kernel launches as soon as it is decided, until
+one that has never run turns up; from there on the launches are collected and their new
+kernels compiled side by side (``Engine._backward_batches``).
+
+The order of launches is the same either way, so gradients must not change: each pass is
+compared with ``autobatch="none"`` and with ``jax.grad`` of the same math."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dynax as dx
+from dynax.executor import engine
+from reference import grads_of, zero_grads
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+class Model:
+    """Per instance: ``tanh(W @ h + E[w])`` over its words, then a loss on the last h."""
+
+    def __init__(self, dim: int = 4):
+        self.pc = pc = dx.ParameterCollection(seed=0)
+        self.W = pc.add_parameters((dim, dim), name="W")
+        self.E = pc.add_lookup_parameters((10, dim), name="E")
+        self.dim = dim
+
+    def loss(self, batch):
+        losses = []
+        for words, label in batch:
+            h = dx.zeros((self.dim,))
+            for w in words:
+                h = dx.tanh(self.W @ h + self.E[w])
+            losses.append(dx.pickneglogsoftmax(h, label))
+        return dx.esum(losses)
+
+    def reference(self, W, E, batch):
+        total = 0.0
+        for words, label in batch:
+            h = jnp.zeros(self.dim)
+            for w in words:
+                h = jnp.tanh(W @ h + E[w])
+            total = total - jax.nn.log_softmax(h)[label]
+        return total
+
+
+def _batch(lengths, seed):
+    rng = np.random.default_rng(seed)
+    return [(list(rng.integers(0, 10, k)), int(rng.integers(0, 4))) for k in lengths]
+
+
+@pytest.fixture
+def events(monkeypatch):
+    """('decide' | 'launch', batch) in the order the backward pass does them."""
+    log = []
+    decide, launch = engine.Engine._backward_launch, engine.Engine._backward_batch
+
+    def logged_decide(self, g, loss_node, live, once, full, batch):
+        log.append(("decide", id(batch)))
+        return decide(self, g, loss_node, live, once, full, batch)
+
+    def logged_launch(self, g, grads, batch, launch_, ahead=None):
+        log.append(("launch", id(batch)))
+        return launch(self, g, grads, batch, launch_, ahead)
+
+    monkeypatch.setattr(engine.Engine, "_backward_launch", logged_decide)
+    monkeypatch.setattr(engine.Engine, "_backward_batch", logged_launch)
+    return log
+
+
+def _pass(model, batch, strategy="agenda"):
+    zero_grads(model.pc)
+    dx.renew_cg(autobatch=strategy)
+    loss = model.loss(batch)
+    value = loss.scalar_value()
+    loss.backward()
+    return value, grads_of(model.pc)
+
+
+def _check(model, batch, value, grads):
+    with engine_flag(False):
+        ref_value, ref_grads = _pass(model, batch, "none")
+    jv, (gW, gE) = jax.value_and_grad(model.reference, argnums=(0, 1))(
+        model.W.value, model.E.value, batch)
+    np.testing.assert_allclose(value, ref_value, **TOL)
+    np.testing.assert_allclose(value, jv, **TOL)
+    for name, ref in (("W", gW), ("E", gE)):
+        np.testing.assert_allclose(grads[name], ref_grads[name], **TOL)
+        np.testing.assert_allclose(grads[name], ref, **TOL)
+
+
+class engine_flag:
+    """``engine.STREAM_BACKWARD`` set to a value for a ``with`` block."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        self.before, engine.STREAM_BACKWARD = engine.STREAM_BACKWARD, self.on
+
+    def __exit__(self, *exc):
+        engine.STREAM_BACKWARD = self.before
+
+
+def _first_launch(log) -> int:
+    return next(i for i, (what, _) in enumerate(log) if what == "launch")
+
+
+def test_known_kernels_launch_as_decided_new_ones_after_all_are_decided(events, monkeypatch):
+    jax.clear_caches()  # every kernel of the first pass new, whatever ran before
+    model = Model()
+    lengths = (3, 6, 2, 6)
+    # first pass: every kernel is new, so every launch waits until all are decided
+    batch = _batch(lengths, 0)
+    value, grads = _pass(model, batch)
+    n_decided = sum(what == "decide" for what, _ in events)
+    assert n_decided > 3
+    assert _first_launch(events) == n_decided  # all decisions first
+    _check(model, batch, value, grads)
+    # the same shapes again: each launch follows its own decision
+    events.clear()
+    batch = _batch(lengths, 1)
+    value, grads = _pass(model, batch)
+    assert [what for what, _ in events] == ["decide", "launch"] * n_decided
+    assert [b for _, b in events[0::2]] == [b for _, b in events[1::2]]
+    _check(model, batch, value, grads)
+    # the third backward kernel taken for new: the two before it launch as decided, it and
+    # the rest once all are decided
+    events.clear()
+    batch = _batch(lengths, 2)
+    zero_grads(model.pc)
+    dx.renew_cg()
+    loss = model.loss(batch)
+    value = loss.scalar_value()
+    asked = []
+    is_new = engine.is_new
+    monkeypatch.setattr(engine, "is_new", lambda fn: (asked.append(fn), len(asked) == 3
+                                                      or is_new(fn))[1])
+    loss.backward()
+    grads = grads_of(model.pc)
+    monkeypatch.setattr(engine, "is_new", is_new)
+    assert [what for what, _ in events] == (["decide", "launch"] * 2
+                                            + ["decide"] * (n_decided - 2)
+                                            + ["launch"] * (n_decided - 2))
+    _check(model, batch, value, grads)
+
+
+def test_switched_off_every_launch_waits_for_all_decisions(events):
+    model = Model()
+    lengths = (2, 4)
+    for seed in range(2):  # the second pass's kernels are known: streamed if on
+        batch = _batch(lengths, seed)
+        events.clear()
+        with engine_flag(False):
+            value, grads = _pass(model, batch)
+        n_decided = sum(what == "decide" for what, _ in events)
+        assert _first_launch(events) == n_decided
+        _check(model, batch, value, grads)
+
+
+def test_validity_mode_does_not_stream(events):
+    model = Model()
+    batch = _batch((2, 3), 0)
+    for _ in range(2):
+        events.clear()
+        zero_grads(model.pc)
+        dx.renew_cg(check_validity=True)
+        loss = model.loss(batch)
+        value = loss.scalar_value()
+        loss.backward()
+        n_decided = sum(what == "decide" for what, _ in events)
+        assert _first_launch(events) == n_decided
+    _check(model, batch, value, grads_of(model.pc))

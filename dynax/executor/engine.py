@@ -625,8 +625,9 @@ class Engine:
 
     def _backward_batches(self, g, grads, loss_node, live, full, batches):
         """Run the backward kernels of the batches (``_backward_plan``'s) the loss depends
-        on (``live``: see ``_loss_ancestors``), last first; their new kernels compiled side
-        by side first (``ahead.py``)."""
+        on (``live``: see ``_loss_ancestors``), last first: each launched as soon as it is
+        decided, up to the first whose kernel never ran; from that one on, their new
+        kernels compiled side by side first (``ahead.py``)."""
         once = _params_of_one_batch(batches)
         # Until a kernel that has not run yet turns up, each launch goes as soon as it is
         # decided, so the device (idle since the forward pass) starts at once; from that

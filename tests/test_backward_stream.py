@@ -80,8 +80,7 @@ def _pass(model, batch, strategy="agenda"):
 
 
 def _check(model, batch, value, grads):
-    with engine_flag(False):
-        ref_value, ref_grads = _pass(model, batch, "none")
+    ref_value, ref_grads = _pass(model, batch, "none")
     jv, (gW, gE) = jax.value_and_grad(model.reference, argnums=(0, 1))(
         model.W.value, model.E.value, batch)
     np.testing.assert_allclose(value, ref_value, **TOL)
@@ -89,19 +88,6 @@ def _check(model, batch, value, grads):
     for name, ref in (("W", gW), ("E", gE)):
         np.testing.assert_allclose(grads[name], ref_grads[name], **TOL)
         np.testing.assert_allclose(grads[name], ref, **TOL)
-
-
-class engine_flag:
-    """``engine.STREAM_BACKWARD`` set to a value for a ``with`` block."""
-
-    def __init__(self, on: bool):
-        self.on = on
-
-    def __enter__(self):
-        self.before, engine.STREAM_BACKWARD = engine.STREAM_BACKWARD, self.on
-
-    def __exit__(self, *exc):
-        engine.STREAM_BACKWARD = self.before
 
 
 def _first_launch(log) -> int:
@@ -147,14 +133,14 @@ def test_known_kernels_launch_as_decided_new_ones_after_all_are_decided(events, 
     _check(model, batch, value, grads)
 
 
-def test_switched_off_every_launch_waits_for_all_decisions(events):
+def test_switched_off_every_launch_waits_for_all_decisions(events, monkeypatch):
+    monkeypatch.setattr(engine, "STREAM_BACKWARD", False)
     model = Model()
     lengths = (2, 4)
     for seed in range(2):  # the second pass's kernels are known: streamed if on
         batch = _batch(lengths, seed)
         events.clear()
-        with engine_flag(False):
-            value, grads = _pass(model, batch)
+        value, grads = _pass(model, batch)
         n_decided = sum(what == "decide" for what, _ in events)
         assert _first_launch(events) == n_decided
         _check(model, batch, value, grads)

@@ -3,6 +3,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import dynax as dx
+
 STRATEGIES = ("none", "depth", "agenda")
 
 
@@ -18,6 +20,48 @@ def zero_grads(pc):
 
 def assert_close(a, b, rtol=1e-5, atol=1e-5, what=""):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol, err_msg=what)
+
+
+class Chains:
+    """Per instance: a chain of ``tanh(W @ h + E[w])`` over its words, then a loss; and
+    ``reference``, the same math in plain JAX."""
+
+    def __init__(self):
+        self.pc = pc = dx.ParameterCollection(seed=0)
+        self.W = pc.add_parameters((4, 4), name="W")
+        self.E = pc.add_lookup_parameters((10, 4), name="E")
+
+    def loss(self, sentences):
+        losses = []
+        for words, label in sentences:
+            h = dx.zeros((4,))
+            for w in words:
+                h = dx.tanh(self.W @ h + self.E[w])
+            losses.append(dx.pickneglogsoftmax(h, label))
+        return dx.esum(losses)
+
+    def reference(self, W, E, sentences):
+        total = 0.0
+        for words, label in sentences:
+            h = jnp.zeros(4)
+            for w in words:
+                h = jnp.tanh(W @ h + E[w])
+            total = total - jax.nn.log_softmax(h)[label]
+        return total
+
+
+def assert_matches_none_and_jax(model, batch, value, grads, none_value, none_grads,
+                                rtol=1e-5, atol=1e-5):
+    """A loss ``value`` and gradients ``grads`` (of parameters ``W`` and ``E``) equal to the
+    ``autobatch="none"`` run's and to ``jax.value_and_grad`` of ``model.reference``."""
+    jv, (gW, gE) = jax.value_and_grad(model.reference, argnums=(0, 1))(
+        model.W.value, model.E.value, batch)
+    tol = dict(rtol=rtol, atol=atol)
+    np.testing.assert_allclose(value, none_value, **tol)
+    np.testing.assert_allclose(value, jv, **tol)
+    for name, ref in (("W", gW), ("E", gE)):
+        np.testing.assert_allclose(grads[name], none_grads[name], **tol)
+        np.testing.assert_allclose(grads[name], ref, **tol)
 
 
 def ref_lstm(x, state, Wx, Wh, b):

@@ -7,43 +7,12 @@ compared with ``autobatch="none"`` and with ``jax.grad`` of the same math."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import dynax as dx
 from dynax.executor import engine
-from reference import grads_of, zero_grads
-
-TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-class Model:
-    """Per instance: ``tanh(W @ h + E[w])`` over its words, then a loss on the last h."""
-
-    def __init__(self, dim: int = 4):
-        self.pc = pc = dx.ParameterCollection(seed=0)
-        self.W = pc.add_parameters((dim, dim), name="W")
-        self.E = pc.add_lookup_parameters((10, dim), name="E")
-        self.dim = dim
-
-    def loss(self, batch):
-        losses = []
-        for words, label in batch:
-            h = dx.zeros((self.dim,))
-            for w in words:
-                h = dx.tanh(self.W @ h + self.E[w])
-            losses.append(dx.pickneglogsoftmax(h, label))
-        return dx.esum(losses)
-
-    def reference(self, W, E, batch):
-        total = 0.0
-        for words, label in batch:
-            h = jnp.zeros(self.dim)
-            for w in words:
-                h = jnp.tanh(W @ h + E[w])
-            total = total - jax.nn.log_softmax(h)[label]
-        return total
+from reference import Chains, assert_matches_none_and_jax, grads_of, zero_grads
 
 
 def _batch(lengths, seed):
@@ -81,13 +50,7 @@ def _pass(model, batch, strategy="agenda"):
 
 def _check(model, batch, value, grads):
     ref_value, ref_grads = _pass(model, batch, "none")
-    jv, (gW, gE) = jax.value_and_grad(model.reference, argnums=(0, 1))(
-        model.W.value, model.E.value, batch)
-    np.testing.assert_allclose(value, ref_value, **TOL)
-    np.testing.assert_allclose(value, jv, **TOL)
-    for name, ref in (("W", gW), ("E", gE)):
-        np.testing.assert_allclose(grads[name], ref_grads[name], **TOL)
-        np.testing.assert_allclose(grads[name], ref, **TOL)
+    assert_matches_none_and_jax(model, batch, value, grads, ref_value, ref_grads)
 
 
 def _first_launch(log) -> int:
@@ -96,7 +59,7 @@ def _first_launch(log) -> int:
 
 def test_known_kernels_launch_as_decided_new_ones_after_all_are_decided(events, monkeypatch):
     jax.clear_caches()  # every kernel of the first pass new, whatever ran before
-    model = Model()
+    model = Chains()
     lengths = (3, 6, 2, 6)
     # first pass: every kernel is new, so every launch waits until all are decided
     batch = _batch(lengths, 0)
@@ -135,7 +98,7 @@ def test_known_kernels_launch_as_decided_new_ones_after_all_are_decided(events, 
 
 def test_switched_off_every_launch_waits_for_all_decisions(events, monkeypatch):
     monkeypatch.setattr(engine, "STREAM_BACKWARD", False)
-    model = Model()
+    model = Chains()
     lengths = (2, 4)
     for seed in range(2):  # the second pass's kernels are known: streamed if on
         batch = _batch(lengths, seed)
@@ -147,7 +110,7 @@ def test_switched_off_every_launch_waits_for_all_decisions(events, monkeypatch):
 
 
 def test_validity_mode_does_not_stream(events):
-    model = Model()
+    model = Chains()
     batch = _batch((2, 3), 0)
     for _ in range(2):
         events.clear()

@@ -8,7 +8,7 @@ import optax
 
 import dynax as dx
 
-from test_plans import Chains
+from reference import Chains
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -13,7 +13,7 @@ import pytest
 
 import dynax as dx
 from dynax.executor import engine
-from reference import grads_of, zero_grads
+from reference import assert_matches_none_and_jax, grads_of, zero_grads
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -69,13 +69,7 @@ def _run(model, batch, strategy, seed=None, before=None):
 
 def _check_against_references(model, batch, value, grads):
     ref_value, ref_grads, _, _ = _run(model, batch, "none")
-    jv, (gW, gE) = jax.value_and_grad(model.reference, argnums=(0, 1))(
-        model.W.value, model.E.value, batch)
-    np.testing.assert_allclose(value, ref_value, **TOL)
-    np.testing.assert_allclose(value, jv, **TOL)
-    for name, ref in (("W", gW), ("E", gE)):
-        np.testing.assert_allclose(grads[name], ref_grads[name], **TOL)
-        np.testing.assert_allclose(grads[name], ref, **TOL)
+    assert_matches_none_and_jax(model, batch, value, grads, ref_value, ref_grads)
 
 
 @pytest.mark.parametrize("strategy", ["depth", "agenda"])

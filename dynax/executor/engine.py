@@ -637,8 +637,7 @@ class Engine:
         for batch in reversed(batches):
             with _noting_backward(batch):
                 launch = self._backward_launch(g, loss_node, live, once, full, batch)
-                if stream and (launch is None or launch[0] is None
-                               or not is_new(launch[0].fn)):
+                if stream and not _compiles_first(launch):
                     self._backward_batch(g, grads, batch, launch)
                     continue
             stream = False
@@ -693,8 +692,7 @@ class Engine:
 
     def _compile_backward_ahead(self, g, grads, launches):
         """An ``Ahead`` compiling the new kernels of ``launches`` side by side, or None."""
-        new = [(batch, launch) for batch, launch in launches
-               if launch and launch[0] is not None and is_new(launch[0].fn)]
+        new = [(batch, launch) for batch, launch in launches if _compiles_first(launch)]
         if not AHEAD_COMPILE or g.check_validity or not new:
             return None
         ahead = Ahead()
@@ -815,6 +813,12 @@ class Engine:
         arena = self.last_grads[1][g.val_akey[v]]  # every arena of g's values has one
         # the caller's own copy, writable, as npvalue()
         return np.array(_gather_rows(arena, np.array([g.val_row[v]], np.int32))[0])
+
+
+def _compiles_first(launch) -> bool:
+    """Whether a backward ``launch`` (``Engine._backward_launch``'s) runs a whole-batch
+    kernel that has never run: one to compile side by side before launching."""
+    return launch is not None and launch[0] is not None and is_new(launch[0].fn)
 
 
 def _add_arguments(packet: list, g, sig, modes, all_rows, B: int, nodes) -> None:

@@ -3,7 +3,8 @@
 Run from the repository root::
 
     .venv/bin/python -m benchmarks.run [--task T ...] [--quick] [--strategies none,depth,agenda,hand]
-                                       [--cpu-threads N] [--compilation-cache DIR]
+                                       [--cpu-threads N] [--xla-thread-nice LEVELS]
+                                       [--compilation-cache DIR]
 
 Per task (and per batch size of a task with ``BATCH_SIZES``): a fixed number of warm-up
 updates, then timed updates (``--quick``: a few of each, to check that things run); a table
@@ -12,6 +13,9 @@ the time split per update; ``benchmarks/results/<task>.csv`` and ``<task>.png``.
 a summary over all tasks and the speed targets, each marked met or missed. Ratios are
 always between systems measured in the same run. ``--cpu-threads N`` runs every system,
 the baseline included, with N XLA:CPU intra-op threads (``dx.set_cpu_threads``);
+``--xla-thread-nice LEVELS`` runs them at nice +LEVELS from the Python thread
+(``dx.set_xla_thread_nice``; every system runs at dynax's default of 5 otherwise, the
+baseline included);
 ``--compilation-cache DIR`` lets every system load compiled programs from JAX's persistent
 cache in DIR (``dx.set_compilation_cache``), so a second run's fresh rates count loads, not
 compilations.
@@ -156,6 +160,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=harness.RESULTS_DIR, help="directory for CSV and PNG")
     ap.add_argument("--cpu-threads", type=int, default=None,
                     help="XLA:CPU intra-op threads for every system (default: one per core)")
+    ap.add_argument("--xla-thread-nice", type=int, default=None, metavar="LEVELS",
+                    help="XLA:CPU's kernel threads at nice +LEVELS from the Python thread, "
+                         f"for every system (dx.set_xla_thread_nice; default "
+                         f"{dx.device.XLA_THREAD_NICE})")
     ap.add_argument("--compilation-cache", metavar="DIR", default=None,
                     help="JAX's persistent compilation cache in DIR for every system "
                          "(dx.set_compilation_cache): the fresh rates then count loads from it")
@@ -165,6 +173,8 @@ def main(argv=None) -> dict:
             dx.set_cpu_threads(args.cpu_threads)
         if args.compilation_cache is not None:
             dx.set_compilation_cache(args.compilation_cache)
+        if args.xla_thread_nice is not None:
+            dx.set_xla_thread_nice(args.xla_thread_nice)
     except (ValueError, RuntimeError) as e:
         ap.error(str(e))
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -176,7 +186,8 @@ def main(argv=None) -> dict:
     print(f"dynax benchmarks: tasks {', '.join(tasks)}; systems {', '.join(strategies)}; "
           f"{'quick' if args.quick else 'full'} run; jax {jax.__version__} on "
           f"{jax.devices()[0].platform}, {os.environ.get('PJRT_NPROC', 'default')} "
-          f"intra-op threads; compilation cache "
+          f"intra-op threads at nice +{dx.device.xla_thread_nice()} from the Python "
+          f"thread; compilation cache "
           f"{jax.config.jax_compilation_cache_dir or 'none'}", flush=True)
     all_results, default_batch = {}, {}
     for name in tasks:

@@ -5,7 +5,8 @@ run together, ``executor`` runs each batch as one cached, jitted, vmapped XLA ke
 (forward, and ``jax.vjp`` backward), ``nn`` holds parameters and updates them with Optax.
 """
 from . import nn
-from .device import get_device, set_compilation_cache, set_cpu_threads, set_device
+from .device import (get_device, set_compilation_cache, set_cpu_threads, set_device,
+                     set_xla_thread_nice)
 from .errors import (ArgumentTypeError, DTypeError, DynaxError, IndexOutOfRangeError,
                      InvalidArgumentError, NonFiniteValueError, NonScalarBackwardError,
                      ShapeError, StaleExpressionError)

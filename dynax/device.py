@@ -1,5 +1,5 @@
 """Where parameters live and kernels run: ``dx.set_device``, ``dx.set_cpu_threads``,
-``dx.set_compilation_cache``."""
+``dx.set_xla_thread_nice``, ``dx.set_compilation_cache``."""
 from __future__ import annotations
 
 import os
@@ -78,6 +78,94 @@ def set_cpu_threads(n: int) -> None:
             "longer change; call it before the first JAX computation (or set the "
             "environment variable PJRT_NPROC before starting Python)")
     os.environ["PJRT_NPROC"] = str(int(n))
+
+
+XLA_THREAD_NICE = 5  # the default of set_xla_thread_nice
+_xla_nice = {"levels": XLA_THREAD_NICE, "applied": False}
+
+
+def set_xla_thread_nice(levels: int) -> None:
+    """Run XLA:CPU's kernel threads at a nice value ``levels`` above the Python thread's,
+    i.e. at a lower priority (0 to 19; default 5, set when dynax first computes on the CPU).
+
+    Why: dynax's Python thread builds each graph, schedules it and launches its kernels,
+    while XLA's threads (one per core) run the kernels launched before. Where the machine
+    has no more cores than those threads, the OS shares the cores evenly among all of
+    them, so the Python thread, which the next kernels wait for, gets a fraction of a core.
+    Nicer kernel threads leave it a whole core whenever it has work, and take every core
+    while it waits. Measured on a 2-core CPU, level 5 against 0 alternated in one process
+    (``benchmarks/RESULTS.md``, session 43): BiLSTM tagger, char tagger and transition
+    parser 8-11% less time per update; Tree-LSTM, RNN LM and synthetic BiLSTM, whose
+    kernels are the critical path, within noise; hand-batched JAX steps within noise
+    (-6% to +7%). Niced with them, XLA's other threads (unnamed) made it worse.
+    With more cores than threads it changes nothing. Linux only: elsewhere, or where XLA
+    does not name its threads ``tf_XLAEigen``, nothing is changed.
+
+    Lowering a thread's priority needs no privilege; raising it again (a smaller ``levels``
+    after a larger one was applied) needs ``CAP_SYS_NICE``: choose before the first
+    computation.
+
+    Raises:
+      ValueError: ``levels`` is not an int in [0, 19].
+      RuntimeError: the threads' priority would rise and the process may not raise it.
+    """
+    if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) \
+            or not 0 <= levels <= 19:
+        raise ValueError(f"set_xla_thread_nice: expected an int in [0, 19], got {levels!r}")
+    _xla_nice["levels"] = int(levels)
+    if _xla_nice["applied"]:
+        _renice_xla_threads(strict=True)
+
+
+def xla_thread_nice() -> int:
+    """The levels ``set_xla_thread_nice`` chose (the default until it is called)."""
+    return _xla_nice["levels"]
+
+
+def yield_xla_threads() -> None:
+    """Give XLA:CPU's kernel threads the nice value ``set_xla_thread_nice`` chose, once per
+    process (the engine calls it when it first computes on a CPU device). Never raises:
+    a scheduling hint must not fail a computation."""
+    if not _xla_nice["applied"]:
+        _xla_nice["applied"] = True
+        _renice_xla_threads(strict=False)
+
+
+def _renice_xla_threads(strict: bool) -> None:
+    if not hasattr(os, "setpriority"):
+        return
+    # on Linux, PRIO_PROCESS 0 is the calling thread: the levels count from its nice value
+    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + _xla_nice["levels"])
+    for tid in xla_kernel_threads():
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) != target:
+                os.setpriority(os.PRIO_PROCESS, tid, target)
+        except PermissionError:
+            if strict:
+                raise RuntimeError(
+                    f"set_xla_thread_nice: raising XLA's kernel threads back to nice {target} "
+                    "needs CAP_SYS_NICE; choose the level before dynax's first computation"
+                ) from None
+        except OSError:  # the thread has ended
+            continue
+
+
+def xla_kernel_threads() -> list:
+    """The thread ids of XLA:CPU's kernel threads (its intra-op pool, which XLA names
+    ``tf_XLAEigen``); empty where Linux's ``/proc`` is not there."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    found = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith("tf_XLAEigen"):
+                    found.append(int(tid))
+        except OSError:  # the thread has ended
+            continue
+    return found
 
 
 def _backends_initialized() -> bool:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..batcher.plans import PlanCache
 from ..batcher.strategies import schedule
-from ..device import get_device, zeros
+from ..device import get_device, yield_xla_threads, zeros
 from ..errors import StaleExpressionError
 from ..ops.registry import AKEY_AVAL, AKEY_SIZE, CHEAP
 from .ahead import Ahead, is_new
@@ -155,6 +155,8 @@ class Engine:
                     f"selected {device} since; start a new graph with dx.renew_cg()")
             self.release_memory()
         self.device = device
+        if device.platform == "cpu":  # the Python thread gets a core when it has work
+            yield_xla_threads()
 
     # ---- arenas -------------------------------------------------------------------------------
     def _alloc(self, g, akey: int, n: int, B: int) -> int:

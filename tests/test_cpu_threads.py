@@ -5,14 +5,14 @@ The pool size is read from the thread names of a fresh subprocess (Linux ``/proc
 names its intra-op workers ``XLAEigen``.
 """
 import os
-import subprocess
-import sys
 import textwrap
 
 import jax
 import pytest
 
 import dynax as dx
+
+from cpu_child import run_cpu_child
 
 CHILD = textwrap.dedent("""
     import os, sys
@@ -27,12 +27,7 @@ CHILD = textwrap.dedent("""
 
 
 def _eigen_threads(n: int) -> int:
-    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC")}  # ours only
-    env["JAX_PLATFORMS"] = "cpu"
-    out = subprocess.run([sys.executable, "-c", CHILD, str(n)], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return int(out.stdout.split()[-1])
+    return int(run_cpu_child(CHILD, n).split()[-1])
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")

@@ -7,14 +7,14 @@ threads were reniced by whichever test computed first.
 """
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import dynax as dx
 from dynax import device
+
+from cpu_child import run_cpu_child
 
 CHILD = textwrap.dedent("""
     import json, os, sys
@@ -46,13 +46,8 @@ CHILD = textwrap.dedent("""
 def _run(base=None, levels=None, later=None):
     """(the child's Python thread's nice; its kernel threads' nice values before dynax
     computes, after, and after the ``later`` call)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC")}
-    env["JAX_PLATFORMS"] = "cpu"
-    args = ["-" if a is None else str(a) for a in (base, levels, later)]
-    out = subprocess.run([sys.executable, "-c", CHILD, *args], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    n, *figures = json.loads(out.stdout.strip().splitlines()[-1])
+    out = run_cpu_child(CHILD, *("-" if a is None else a for a in (base, levels, later)))
+    n, *figures = json.loads(out.strip().splitlines()[-1])
     if n == 0:
         pytest.skip("this jaxlib does not name its kernel threads tf_XLAEigen")
     return figures

@@ -64,6 +64,25 @@ def assert_matches_none_and_jax(model, batch, value, grads, none_value, none_gra
         np.testing.assert_allclose(grads[name], ref, **tol)
 
 
+def train_pass(model, batch, strategy, seed=None, before=None):
+    """One graph of ``model.loss(batch)``: gradients zeroed, the loss read, then
+    differentiated. Returns its value, the gradients (``grads_of``), the graph's stats and
+    what ``before`` returned (called first: nodes built ahead of the loss, unread)."""
+    zero_grads(model.pc)
+    cg = dx.renew_cg(autobatch=strategy, seed=seed)
+    extra = before() if before else None
+    loss = model.loss(batch)
+    value = loss.scalar_value()
+    loss.backward()
+    return value, grads_of(model.pc), cg.stats(), extra
+
+
+def check_against_none_and_jax(model, batch, value, grads):
+    """``assert_matches_none_and_jax`` against a fresh ``autobatch="none"`` pass."""
+    ref_value, ref_grads, _, _ = train_pass(model, batch, "none")
+    assert_matches_none_and_jax(model, batch, value, grads, ref_value, ref_grads)
+
+
 def ref_lstm(x, state, Wx, Wh, b):
     """One step of ``dx.nn.LSTMBuilder`` in plain JAX: state ``(c, h)`` -> ``(c', h')``."""
     c, h = state

@@ -12,7 +12,8 @@ import pytest
 
 import dynax as dx
 from dynax.executor import engine
-from reference import Chains, assert_matches_none_and_jax, grads_of, zero_grads
+from reference import (Chains, check_against_none_and_jax, grads_of, train_pass,
+                       zero_grads)
 
 
 def _batch(lengths, seed):
@@ -40,17 +41,7 @@ def events(monkeypatch):
 
 
 def _pass(model, batch, strategy="agenda"):
-    zero_grads(model.pc)
-    dx.renew_cg(autobatch=strategy)
-    loss = model.loss(batch)
-    value = loss.scalar_value()
-    loss.backward()
-    return value, grads_of(model.pc)
-
-
-def _check(model, batch, value, grads):
-    ref_value, ref_grads = _pass(model, batch, "none")
-    assert_matches_none_and_jax(model, batch, value, grads, ref_value, ref_grads)
+    return train_pass(model, batch, strategy)[:2]
 
 
 def _first_launch(log) -> int:
@@ -67,14 +58,14 @@ def test_known_kernels_launch_as_decided_new_ones_after_all_are_decided(events, 
     n_decided = sum(what == "decide" for what, _ in events)
     assert n_decided > 3
     assert _first_launch(events) == n_decided  # all decisions first
-    _check(model, batch, value, grads)
+    check_against_none_and_jax(model, batch, value, grads)
     # the same shapes again: each launch follows its own decision
     events.clear()
     batch = _batch(lengths, 1)
     value, grads = _pass(model, batch)
     assert [what for what, _ in events] == ["decide", "launch"] * n_decided
     assert [b for _, b in events[0::2]] == [b for _, b in events[1::2]]
-    _check(model, batch, value, grads)
+    check_against_none_and_jax(model, batch, value, grads)
     # the third backward kernel taken for new: the two before it launch as decided, it and
     # the rest once all are decided
     events.clear()
@@ -97,7 +88,7 @@ def test_known_kernels_launch_as_decided_new_ones_after_all_are_decided(events, 
     assert [what for what, _ in events] == (["decide", "launch"] * 2
                                             + ["decide"] * (n_decided - 2)
                                             + ["launch"] * (n_decided - 2))
-    _check(model, batch, value, grads)
+    check_against_none_and_jax(model, batch, value, grads)
 
 
 def test_switched_off_every_launch_waits_for_all_decisions(events, monkeypatch):
@@ -110,7 +101,7 @@ def test_switched_off_every_launch_waits_for_all_decisions(events, monkeypatch):
         value, grads = _pass(model, batch)
         n_decided = sum(what == "decide" for what, _ in events)
         assert _first_launch(events) == n_decided
-        _check(model, batch, value, grads)
+        check_against_none_and_jax(model, batch, value, grads)
 
 
 def test_validity_mode_does_not_stream(events):
@@ -125,4 +116,4 @@ def test_validity_mode_does_not_stream(events):
         loss.backward()
         n_decided = sum(what == "decide" for what, _ in events)
         assert _first_launch(events) == n_decided
-    _check(model, batch, value, grads_of(model.pc))
+    check_against_none_and_jax(model, batch, value, grads_of(model.pc))

@@ -10,7 +10,7 @@ import pytest
 
 import dynax as dx
 from dynax.graph.computation_graph import _engine
-from reference import Chains, assert_matches_none_and_jax, grads_of, zero_grads
+from reference import Chains, assert_matches_none_and_jax, train_pass
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -23,13 +23,8 @@ def _same_shape_batches(n, seed=0):
 
 
 def _run(model, batch, strategy):
-    zero_grads(model.pc)
-    cg = dx.renew_cg(autobatch=strategy)
-    loss = model.loss(batch)
-    value = loss.scalar_value()
-    loss.backward()
-    grads = grads_of(model.pc)
-    return value, grads, cg.stats()["plans_reused"]
+    value, grads, stats, _ = train_pass(model, batch, strategy)
+    return value, grads, stats["plans_reused"]
 
 
 @pytest.mark.parametrize("strategy", ["depth", "agenda"])

@@ -13,7 +13,7 @@ import pytest
 
 import dynax as dx
 from dynax.executor import engine
-from reference import assert_matches_none_and_jax, grads_of, zero_grads
+from reference import check_against_none_and_jax, train_pass
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -56,31 +56,15 @@ def _batches(n, seed=0, lengths=(3, 5, 2)):
               int(rng.integers(0, 4))) for k in lengths] for _ in range(n)]
 
 
-def _run(model, batch, strategy, seed=None, before=None):
-    """Loss value, gradients and stats of one graph; ``before`` builds first (unread)."""
-    zero_grads(model.pc)
-    cg = dx.renew_cg(autobatch=strategy, seed=seed)
-    extra = before() if before else None
-    loss = model.loss(batch)
-    value = loss.scalar_value()
-    loss.backward()
-    return value, grads_of(model.pc), cg.stats(), extra
-
-
-def _check_against_references(model, batch, value, grads):
-    ref_value, ref_grads, _, _ = _run(model, batch, "none")
-    assert_matches_none_and_jax(model, batch, value, grads, ref_value, ref_grads)
-
-
 @pytest.mark.parametrize("strategy", ["depth", "agenda"])
 def test_a_recurring_shape_replays_its_preparation_with_equal_values_and_gradients(strategy):
     dx.release_memory()
     model = Chains()
     replayed = []
     for batch in _batches(5):
-        value, grads, stats, _ = _run(model, batch, strategy)
+        value, grads, stats, _ = train_pass(model, batch, strategy)
         replayed.append((stats["plans_reused"], stats["plans_replayed"]))
-        _check_against_references(model, batch, value, grads)
+        check_against_none_and_jax(model, batch, value, grads)
     # first sight remembers the shape, the second stores the plan, the third reuses it and
     # records its preparation, later ones replay that
     assert replayed == [(0, 0), (0, 0), (1, 0), (1, 1), (1, 1)]
@@ -91,8 +75,8 @@ def test_replays_read_each_graphs_ints_dropout_seeds_included(strategy):
     dx.release_memory()
     model = Chains(p=0.5)
     for k, batch in enumerate(_batches(5)):
-        value, grads, stats, _ = _run(model, batch, strategy, seed=100 + k)
-        ref_value, ref_grads, _, _ = _run(model, batch, "none", seed=100 + k)
+        value, grads, stats, _ = train_pass(model, batch, strategy, seed=100 + k)
+        ref_value, ref_grads, _, _ = train_pass(model, batch, "none", seed=100 + k)
         np.testing.assert_allclose(value, ref_value, **TOL)
         for name in grads:
             np.testing.assert_allclose(grads[name], ref_grads[name], **TOL)
@@ -111,10 +95,10 @@ def test_a_graph_with_other_rows_before_its_nodes_is_prepared_afresh(strategy):
     seen = []
     for k, batch in enumerate(batches):
         x = first if k < 4 else other
-        value, grads, stats, extra = _run(model, batch, strategy, before=lambda: dx.input(x))
+        value, grads, stats, extra = train_pass(model, batch, strategy, before=lambda: dx.input(x))
         seen.append((stats["plans_reused"], stats["plans_replayed"]))
         np.testing.assert_array_equal(extra.npvalue(), x)  # before the references' graphs
-        _check_against_references(model, batch, value, grads)
+        check_against_none_and_jax(model, batch, value, grads)
     # the 5th graph reuses the plan, but not the preparation recorded for the 3rd; it
     # records its own, which the 6th and 7th replay
     assert seen == [(0, 0), (0, 0), (1, 0), (1, 1), (1, 0), (1, 1), (1, 1)]
@@ -126,7 +110,7 @@ def test_a_graph_built_with_train_false_is_prepared_afresh():
     model = Chains()
     batches = _batches(6, seed=4)
     for batch in batches[:4]:
-        _run(model, batch, "agenda")
+        train_pass(model, batch, "agenda")
     for batch in batches[4:]:
         cg = dx.renew_cg(train=False)
         loss = model.loss(batch)
@@ -166,7 +150,7 @@ def test_turned_off_replays_nothing_and_agrees(monkeypatch):
         monkeypatch.setattr(engine, "REPLAY_PREPARED", on)
         dx.release_memory()
         model = Chains()
-        out = [_run(model, batch, "agenda") for batch in batches]
+        out = [train_pass(model, batch, "agenda") for batch in batches]
         results[on] = out
         assert out[-1][2]["plans_replayed"] == (1 if on else 0)
     for (v1, g1, _, _), (v2, g2, _, _) in zip(results[True], results[False]):

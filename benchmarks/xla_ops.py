@@ -1,0 +1,117 @@
+"""Where the device time of a dynax update goes, per XLA kernel and per operation inside it.
+
+Trains a task's dynax model (``agenda``) to steady state, then records ``--updates`` updates
+with JAX's profiler at host tracer level 3, at which XLA:CPU reports every thunk it runs
+(the fused loops, YNNPACK's products, gathers, scatters, while loops) with its kernel
+(``hlo_module``) and operation (``hlo_op``). Prints per update, summed over XLA's threads:
+
+* each kernel family's time (a kernel's batch and run sizes dropped from its name:
+  ``jit_bidirectional_lstm_cell_bwd`` covers every ``_bwd_B<lanes>_T<steps>`` variant);
+* the self time of each (kernel family, operation kind), an operation's number dropped
+  (``ynn_fusion.6`` -> ``ynn_fusion``), with its calls per update.
+
+Tracing costs each thunk some microseconds, so small operations that run often read high
+(the tagger's 273 weight-gradient adds per update: 3.4 ms traced, while removing them left
+the wall time unchanged, session 45): read it for where to look, and decide by an A/B of
+the wall time (``benchmarks.run``, or alternated blocks of updates in one process)::
+
+    .venv/bin/python -m benchmarks.xla_ops --task tagger [--cpu-threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import re
+import tempfile
+
+import jax
+
+import dynax as dx
+
+from . import harness
+
+
+def _events(trace_dir: str) -> list:
+    """The complete events of XLA:CPU's thunks in the Perfetto trace under ``trace_dir``."""
+    path = glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)[0]
+    with gzip.open(path) as f:
+        events = json.load(f)["traceEvents"]
+    return [e for e in events if e.get("ph") == "X" and "hlo_module" in (e.get("args") or {})]
+
+
+def _family(module: str) -> str:
+    return re.sub(r"_B\d+|_T\d+", "", module)
+
+
+def self_times(events: list) -> tuple[collections.Counter, collections.Counter,
+                                      collections.Counter]:
+    """(time per kernel family, self time and calls per (family, operation kind)), in us.
+
+    Thunks nest (a while loop's body runs inside its thunk) on one thread: an event's self
+    time is its duration less its direct children's."""
+    by_thread = collections.defaultdict(list)
+    for e in events:
+        by_thread[(e["pid"], e["tid"])].append(e)
+    family, own, calls = collections.Counter(), collections.Counter(), collections.Counter()
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        open_ = []  # the enclosing events of the current one
+        for e in evs:
+            e["self"] = e["dur"]
+            while open_ and open_[-1]["ts"] + open_[-1]["dur"] <= e["ts"]:
+                open_.pop()
+            if open_:
+                open_[-1]["self"] -= e["dur"]
+            else:
+                family[_family(e["args"]["hlo_module"])] += e["dur"]
+            open_.append(e)
+        for e in evs:
+            key = (_family(e["args"]["hlo_module"]), re.sub(r"\.\d+$", "", e["args"]["hlo_op"]))
+            own[key] += e["self"]
+            calls[key] += 1
+    return family, own, calls
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", default="tagger")
+    ap.add_argument("--updates", type=int, default=8, help="updates recorded")
+    ap.add_argument("--top", type=int, default=30, help="operation rows printed")
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="XLA:CPU intra-op threads (dx.set_cpu_threads)")
+    args = ap.parse_args(argv)
+    if args.cpu_threads is not None:
+        dx.set_cpu_threads(args.cpu_threads)
+    task = harness.load_task(args.task)
+    if task is None:
+        ap.error(f"unknown task {args.task!r}")
+    batches = task.make_batches(24, seed=1)
+    system = harness.DynaxSystem(task, "agenda")
+    system.start()
+    for b in batches + batches:  # every shape compiled, arenas grown
+        system.update(b)
+    params = [p._value for p in system.model.pc.parameters()]  # not .value: no copy after
+    jax.block_until_ready(params)
+    options = jax.profiler.ProfileOptions()
+    options.host_tracer_level, options.python_tracer_level = 3, 0
+    n = args.updates
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True, profiler_options=options):
+            for b in batches[:n]:
+                system.update(b)
+            jax.block_until_ready([p._value for p in system.model.pc.parameters()])
+        family, own, calls = self_times(_events(d))
+    print(f"{task.NAME}, {n} updates traced: ms per update, summed over XLA's threads")
+    print("kernel families:")
+    for name, us in family.most_common():
+        print(f"  {us / 1000 / n:8.2f}  {name}")
+    print("self time per (kernel family, operation):")
+    for (name, op), us in own.most_common(args.top):
+        print(f"  {us / 1000 / n:8.2f}  {calls[name, op] / n:7.1f}/update  {name}  {op}")
+
+
+if __name__ == "__main__":
+    main()

@@ -42,6 +42,17 @@ def _events(trace_dir: str) -> list:
     return [e for e in events if e.get("ph") == "X" and "hlo_module" in (e.get("args") or {})]
 
 
+def traced_events(run) -> list:
+    """``run()`` under JAX's profiler at host tracer level 3 (no Python tracing): the
+    events of the XLA:CPU thunks it ran."""
+    options = jax.profiler.ProfileOptions()
+    options.host_tracer_level, options.python_tracer_level = 3, 0
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True, profiler_options=options):
+            run()
+        return _events(d)
+
+
 def _family(module: str) -> str:
     return re.sub(r"_B\d+|_T\d+", "", module)
 
@@ -91,19 +102,16 @@ def main(argv=None):
     batches = task.make_batches(24, seed=1)
     system = harness.DynaxSystem(task, "agenda")
     system.start()
-    for b in batches + batches:  # every shape compiled, arenas grown
-        system.update(b)
-    params = [p._value for p in system.model.pc.parameters()]  # not .value: no copy after
-    jax.block_until_ready(params)
-    options = jax.profiler.ProfileOptions()
-    options.host_tracer_level, options.python_tracer_level = 3, 0
     n = args.updates
-    with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d, create_perfetto_trace=True, profiler_options=options):
-            for b in batches[:n]:
-                system.update(b)
-            jax.block_until_ready([p._value for p in system.model.pc.parameters()])
-        family, own, calls = self_times(_events(d))
+
+    def run(updates):
+        for b in updates:
+            system.update(b)
+        # ``_value``, not ``value``: that marks the arrays held, and the next update copies
+        jax.block_until_ready([p._value for p in system.model.pc.parameters()])
+
+    run(batches + batches)  # every shape compiled, arenas grown
+    family, own, calls = self_times(traced_events(lambda: run(batches[:n])))
     print(f"{task.NAME}, {n} updates traced: ms per update, summed over XLA's threads")
     print("kernel families:")
     for name, us in family.most_common():

@@ -37,16 +37,15 @@ def make_batches(n_batches: int, seed: int, batch_size: int = BATCH, vocab: int 
 def _leaf(x, W, b):
     """Leaf of a binary Tree-LSTM: gates i, o, u from the word vector; no children."""
     i, o, u = jnp.split(W @ x + b, 3)
-    c = jax.nn.sigmoid(i) * jnp.tanh(u)
-    return jax.nn.sigmoid(o) * jnp.tanh(c), c
+    c, h = dx.nn.lstm_state(i, u, o)
+    return h, c
 
 
 def _compose(hl, cl, hr, cr, U, b):
     """Internal node of a binary (N-ary, N=2) Tree-LSTM: one forget gate per child."""
     i, fl, fr, o, u = jnp.split(U @ jnp.concatenate([hl, hr]) + b, 5)
-    c = (jax.nn.sigmoid(i) * jnp.tanh(u) + jax.nn.sigmoid(fl) * cl
-         + jax.nn.sigmoid(fr) * cr)
-    return jax.nn.sigmoid(o) * jnp.tanh(c), c
+    c, h = dx.nn.lstm_state(i, u, o, (fl, fr), (cl, cr))
+    return h, c
 
 
 def _root_loss(h, W, b, label):

@@ -3,6 +3,7 @@ from .parameters import LookupParameter, Parameter, ParameterCollection
 from .flax_interop import FlaxBlock, from_flax  # after .parameters: that import sets up ops/graph
 from .initializers import (ConstInitializer, GlorotInitializer, IdentityInitializer,
                            NormalInitializer, NumpyInitializer, UniformInitializer)
+from .lstm_state import lstm_state
 from .persistence import load, save
 from .rnn import (BiRNNBuilder, CompactVanillaLSTMBuilder, CoupledLSTMBuilder, GRUBuilder,
                   LSTMBuilder, RNNState, SimpleRNNBuilder, VanillaLSTMBuilder)
@@ -20,4 +21,4 @@ __all__ = ["LookupParameter", "Parameter", "ParameterCollection", "Trainer", "Si
            "RNNState", "TreeLSTMBuilder", "ChildSumTreeLSTMBuilder", "StandardSoftmaxBuilder",
            "ClassFactoredSoftmaxBuilder", "FlaxBlock", "from_flax", "save", "load",
            "ConstInitializer", "GlorotInitializer", "IdentityInitializer", "NormalInitializer",
-           "NumpyInitializer", "UniformInitializer"]
+           "NumpyInitializer", "UniformInitializer", "lstm_state"]

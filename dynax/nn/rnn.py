@@ -37,6 +37,7 @@ from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.extra import const_parameter
 from ..ops.function import function
+from .lstm_state import lstm_state
 from .parameters import Parameter, ParameterCollection
 
 
@@ -50,8 +51,7 @@ def _rnn_step(x, h, hr, Wx, Wh, b):
 
 def _lstm_step(x, c, h, hr, Wx, Wh, b):
     i, f, o, g = jnp.split(Wx @ x + Wh @ hr + b, 4)
-    c2 = jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * c
-    return c2, jax.nn.sigmoid(o) * jnp.tanh(c2)
+    return lstm_state(i, g, o, (f,), (c,))
 
 
 def _coupled_lstm_step(x, c, h, hr, Wx, Wh, b, Wic, Woc):

@@ -13,22 +13,22 @@ from ..errors import InvalidArgumentError
 from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.function import function
+from .lstm_state import lstm_state
 from .rnn import _as_expr, _check_dims, _check_vector, _fresh_subcollection, _vector_arg
 
 
 @function
 def _leaf_cell(x, W, b):
     i, o, u = jnp.split(W @ x + b, 3)
-    c = jax.nn.sigmoid(i) * jnp.tanh(u)
-    return jax.nn.sigmoid(o) * jnp.tanh(c), c
+    c, h = lstm_state(i, u, o)
+    return h, c
 
 
 @function
 def _compose_cell(hl, cl, hr, cr, Ul, Ur, b):
     i, fl, fr, o, u = jnp.split(Ul @ hl + Ur @ hr + b, 5)
-    c = (jax.nn.sigmoid(i) * jnp.tanh(u) + jax.nn.sigmoid(fl) * cl
-         + jax.nn.sigmoid(fr) * cr)
-    return jax.nn.sigmoid(o) * jnp.tanh(c), c
+    c, h = lstm_state(i, u, o, (fl, fr), (cl, cr))
+    return h, c
 
 
 @function

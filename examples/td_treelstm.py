@@ -49,7 +49,6 @@ from __future__ import annotations
 import math
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -153,8 +152,8 @@ def make_splits(n_train: int, n_test: int, seed: int, max_depth: int):
 def _lstm(x, h, c, W, b):
     """One LSTM step (gates i, f, o, g stacked in W and b), plain JAX."""
     i, f, o, g = jnp.split(W @ jnp.concatenate([x, h]) + b, 4)
-    c2 = jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * c
-    return jax.nn.sigmoid(o) * jnp.tanh(c2), c2
+    c2, h2 = dx.nn.lstm_state(i, g, o, (f,), (c,))
+    return h2, c2
 
 
 def _decide(ha, hf, Ua, Uf, b, Wo, bo):

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -173,17 +172,16 @@ def tree_size(tree) -> tuple[int, int]:
 def leaf_cell(x, W, b):
     """Tai et al.'s leaf: an LSTM step from a zero state (input, output and update gates)."""
     i, o, u = jnp.split(W @ x + b, 3)
-    c = jax.nn.sigmoid(i) * jnp.tanh(u)
-    return jax.nn.sigmoid(o) * jnp.tanh(c), c
+    c, h = dx.nn.lstm_state(i, u, o)
+    return h, c
 
 
 @dx.function
 def compose_cell(hl, cl, hr, cr, U, b):
     """Binary (N-ary, N = 2) Tree-LSTM node: one forget gate per child."""
     i, fl, fr, o, u = jnp.split(U @ jnp.concatenate([hl, hr]) + b, 5)
-    c = (jax.nn.sigmoid(i) * jnp.tanh(u)
-         + jax.nn.sigmoid(fl) * cl + jax.nn.sigmoid(fr) * cr)
-    return jax.nn.sigmoid(o) * jnp.tanh(c), c
+    c, h = dx.nn.lstm_state(i, u, o, (fl, fr), (cl, cr))
+    return h, c
 
 
 class TreeLSTMClassifier:

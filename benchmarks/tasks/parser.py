@@ -321,8 +321,7 @@ def margin_cell(scores, correct, wrong):
 def _lstm_cell(x, c, h, Wx, Wh, b):
     """One LSTM step, the equations of ``dx.nn.LSTMBuilder`` (gates i, f, o, g)."""
     i, f, o, g = jnp.split(Wx @ x + Wh @ h + b, 4)
-    c2 = jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * c
-    return c2, jax.nn.sigmoid(o) * jnp.tanh(c2)
+    return dx.nn.lstm_state(i, g, o, (f,), (c,))
 
 
 def _mlp(x, W1, b1, W2, b2):

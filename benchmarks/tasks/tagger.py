@@ -118,8 +118,7 @@ def lstm_scan(x, Wx, Wh, b):
     def step(carry, xt):
         c, h = carry
         i, f, o, g = jnp.split(xt + h @ Wh.T, 4, axis=-1)
-        c = jax.nn.sigmoid(i) * jnp.tanh(g) + jax.nn.sigmoid(f) * c
-        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        c, h = dx.nn.lstm_state(i, g, o, (f,), (c,))
         return (c, h), h
 
     zero = jnp.zeros((B, H), x.dtype)

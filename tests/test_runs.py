@@ -110,6 +110,21 @@ def test_runs_up_to_a_kernels_capacity_share_it():
         assert key[-1] == 4 and kern.fn._cache_size() == 1, (key, kern.fn._cache_size())
 
 
+def test_a_runs_residuals_are_stacked_one_buffer_each():
+    """A run stacks each of its step's residuals in a buffer of its own, (T, ...), where a
+    single batch packs its small residuals into one flat buffer (kernels._pack): XLA then
+    writes each residual in place instead of concatenating them first."""
+    xs, _ = _data(6, seed=6)
+    cg = dx.renew_cg(autobatch="agenda")
+    dx.forward(LSTM.initial_state().transduce([dx.input(x) for x in xs]))
+    runs = [b for b in cg.batches if b.packet.ndim == 2]
+    assert runs
+    for run in runs:
+        kept = [j for kind, j in run.forward.meta["spec"] if kind == "r"]
+        assert len(run.saved) == len(kept) > 1
+        assert all(r.shape[0] == run.packet.shape[0] for r in run.saved)
+
+
 def test_a_loss_in_the_middle_of_a_run():
     """Steps after the loss ran in the same launch; their zero cotangents change nothing."""
     xs, ws = _data(8, seed=1)

@@ -9,7 +9,7 @@ cells. The JVP rule here multiplies each input tangent by ONE coefficient comput
 forward pass, so linearising it keeps those coefficients only: 4 + 2k arrays (6 for an
 LSTM step). A batched kernel writes every residual of every step to memory and the backward
 kernel reads it back; on the BiLSTM tagger the lean rule cut the kernels' residuals from 26
-to 16 arrays per step and an update from 29.1 to 26.3 ms (one XLA thread; 34.5 -> 31.5 with
+to 16 arrays per step and an update from 28.4 to 26.2 ms (one XLA thread; 30.5 -> 28.2 with
 two), measured in one process with the two cells alternated.
 
 It is a ``jax.custom_jvp``, not a ``custom_vjp``, so forward mode and higher derivatives

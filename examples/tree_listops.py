@@ -49,6 +49,7 @@ import numpy as np
 import dynax as dx
 from _training import (add_device_flags, apply_device_flags, apply_quick, check_batch,
                        minibatches, new_kernels, positive_int)
+from _training import compare_speed as timed_comparison
 
 # ============================================================================================
 # Data: the ListOps grammar, a seeded generator, an evaluator and a binariser.
@@ -241,38 +242,13 @@ def accuracy(model, data) -> float:
     return float(np.mean(predictions == np.array([label for _, label, _ in data])))
 
 
-TIMED_PASSES = 5
-
-
 def compare_speed(model, trainer, batches, max_warmup: int = 4) -> tuple[dict, int]:
-    """Trees/s of full training steps, autobatch "none" vs "agenda", on the same minibatches.
-
-    Each strategy first runs the minibatches until a pass compiles (or loads) no kernel (at
-    most ``max_warmup`` passes), then ``TIMED_PASSES`` more under the clock: the median
-    pass's rate. Returns the speeds and the number of training steps taken.
-    """
-    result, steps = {}, 0
-    n_trees = sum(len(b) for b in batches)
-    # under dx.settled_heap, as the training loop: one full collection of the heap (~150 ms)
-    # inside a timing of two minibatches halved the rate it read
-    with dx.settled_heap():
-        for strategy in ("none", "agenda"):
-            for _ in range(max_warmup):
-                made = sum(new_kernels(train_step(model, trainer, b, strategy)[1])
-                           for b in batches)
-                steps += len(batches)
-                if made == 0:
-                    break
-            rates = []  # the median of a few timed passes: one pass of agenda lasts ~10 ms
-            for _ in range(TIMED_PASSES):
-                t0 = time.perf_counter()
-                for batch in batches:
-                    train_step(model, trainer, batch, strategy)
-                rates.append(n_trees / (time.perf_counter() - t0))
-                steps += len(batches)
-            result[strategy] = float(np.median(rates))
-    result["ratio"] = result["agenda"] / result["none"]
-    return result, steps
+    """Trees/s of full training steps, autobatch "none" vs "agenda", on the same minibatches
+    (``_training.compare_speed``: warm-up passes until one makes no kernel, then the median
+    of ``TIMED_PASSES`` timed passes). Returns the speeds and the training steps taken."""
+    def step(batch, strategy):
+        return len(batch), new_kernels(train_step(model, trainer, batch, strategy)[1])
+    return timed_comparison(step, batches, max_warmup)
 
 
 def parse_args(argv=None):

@@ -235,3 +235,57 @@ def test_narrow_runs_take_weight_gradients_after_the_loop(strategy, monkeypatch)
         np.testing.assert_allclose(g, r, **TOL)
         np.testing.assert_allclose(g, s, **TOL)
     _clear_kernels()  # later tests get the usual (deferring) kernels
+
+
+def test_a_runs_weight_gradients_accumulate_in_their_matmuls(monkeypatch):
+    """A run's backward adds each step's weight gradient to its buffer; on CPU its kernel
+    compiles under ``kernels.accumulating_dots()`` (the product accumulates into the buffer,
+    no second kernel adds it), a narrow run (its product after the loop) without it; the
+    gradients still equal jax.grad and the node-by-node reference."""
+    from dynax.executor import kernels
+    jitted = {}
+    real = kernels._jit
+    monkeypatch.setattr(kernels, "_jit", lambda fn, name, donate, work, accumulates=False:
+                        jitted.setdefault(name, accumulates) is None or
+                        real(fn, name, donate, work, accumulates))
+    lengths = (6, 3, 9)
+    data = [_data(n, seed=20 + n) for n in lengths]
+    seqs, ws = [d[0] for d in data], [d[1] for d in data]
+    for lanes, accumulates in ((0, True), (8, False)):
+        monkeypatch.setattr(kernels, "DEFER_MAX_LANES", lanes)
+        _clear_kernels()
+        jitted.clear()
+        value, grads = _multi("agenda", seqs, ws)
+        runs = [name for name in jitted if name.startswith("_lstm_cell_bwd_") and "_T" in name]
+        assert runs and all(jitted[n] is accumulates for n in runs), jitted
+        assert not any(jitted[n] for n in jitted if n not in runs), jitted  # esum: no weights
+        ref_value, ref_grads = _multi("none", seqs, ws)
+        np.testing.assert_allclose(value, ref_value, **TOL)
+        for g, r in zip(grads, ref_grads):
+            np.testing.assert_allclose(g, r, **TOL)
+    _clear_kernels()
+
+
+def test_accumulating_dots_fuse_the_add_into_the_matmul():
+    """Under ``accumulating_dots()`` XLA:CPU compiles ``g + dy^T x`` to one library call
+    reading ``g`` (no separate add); the default compiles a product and an add. An empty
+    dict (a jaxlib without the option) is allowed, and then nothing is asserted of it."""
+    from dynax.executor import kernels
+    options = kernels.accumulating_dots()
+    if jax.devices()[0].platform != "cpu" or not options:
+        pytest.skip("the option is XLA:CPU's, and this jaxlib lacks it")
+
+    def step(g, x, dy):
+        return g + jax.lax.optimization_barrier(dy.T) @ x
+
+    args = (jnp.zeros((512, 256)), jnp.ones((64, 256)), jnp.ones((64, 512)))
+
+    def adds(opts):
+        hlo = jax.jit(step, compiler_options=opts).lower(*args).compile().as_text()
+        entry = hlo[hlo.index("ENTRY"):]
+        return sum(" add(" in line or "wrapped_add" in line for line in entry.splitlines())
+
+    assert adds(None) == 1
+    assert adds(options) == 0
+    np.testing.assert_allclose(jax.jit(step, compiler_options=options)(*args),
+                               step(*args), rtol=1e-5)

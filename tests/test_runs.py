@@ -243,15 +243,22 @@ def test_a_runs_weight_gradients_accumulate_in_their_matmuls(monkeypatch):
     no second kernel adds it), a narrow run (its product after the loop) without it; the
     gradients still equal jax.grad and the node-by-node reference."""
     from dynax.executor import kernels
-    jitted = {}
+    jitted = {}  # kernel name -> whether it accumulates
     real = kernels._jit
-    monkeypatch.setattr(kernels, "_jit", lambda fn, name, donate, work, accumulates=False:
-                        jitted.setdefault(name, accumulates) is None or
-                        real(fn, name, donate, work, accumulates))
+
+    def recording(fn, name, donate, work, accumulates=False):
+        jitted[name] = accumulates
+        return real(fn, name, donate, work, accumulates)
+    monkeypatch.setattr(kernels, "_jit", recording)
     lengths = (6, 3, 9)
     data = [_data(n, seed=20 + n) for n in lengths]
     seqs, ws = [d[0] for d in data], [d[1] for d in data]
-    for lanes, accumulates in ((0, True), (8, False)):
+
+    def loss_fn(vals):
+        return sum(jnp.dot(h, w_t) for xs, w in zip(seqs, ws)
+                   for h, w_t in zip(ref_states(vals, xs), w))
+
+    for lanes, accumulates in ((0, True), (8, False)):  # every run wide, or all narrow
         monkeypatch.setattr(kernels, "DEFER_MAX_LANES", lanes)
         _clear_kernels()
         jitted.clear()
@@ -260,9 +267,12 @@ def test_a_runs_weight_gradients_accumulate_in_their_matmuls(monkeypatch):
         assert runs and all(jitted[n] is accumulates for n in runs), jitted
         assert not any(jitted[n] for n in jitted if n not in runs), jitted  # esum: no weights
         ref_value, ref_grads = _multi("none", seqs, ws)
+        vals = [p.value for p in PC.parameters()]
         np.testing.assert_allclose(value, ref_value, **TOL)
-        for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(value, loss_fn(vals), **TOL)
+        for g, r, j in zip(grads, ref_grads, jax.grad(loss_fn)(vals)):
             np.testing.assert_allclose(g, r, **TOL)
+            np.testing.assert_allclose(g, j, **TOL)
     _clear_kernels()
 
 

@@ -74,14 +74,15 @@ def accumulating_dots() -> dict:
     (``g + x^T dy``) runs as one YNNPACK call accumulating into that buffer, where by
     default the product goes to a temporary that a second kernel adds: the weight-gradient
     step of a run's backward loop (``backward_run_kernel``). ``{}`` where this jaxlib does
-    not know the option (it is experimental). Measured, one process, alternated: tagger
-    -4 to -6% per update in four runs of both orders; RNN LM batch 64 -1 to -2%; its use in
-    every kernel cost the Tree-LSTM 1-6% (it moves other products to YNNPACK), and in a
-    narrow run's after-loop product (no buffer to add to) the RNN LM batch 1 3-5%.
+    not know the option (it is experimental). Measured, one process, alternated in both
+    orders: tagger -2 to -6% per update; RNN LM batch 64 -1 to -2%; in every kernel it cost
+    the Tree-LSTM 1-4% (it moves other products to YNNPACK), and in a narrow run's
+    after-loop product (no buffer to add to) the RNN LM batch 1 3-5%.
     """
     options = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
     try:
-        jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.zeros(1)).compile()
+        x = jax.device_put(jnp.zeros(1), jax.devices("cpu")[0])  # whatever the default is
+        jax.jit(lambda x: x + 1, compiler_options=options).lower(x).compile()
     except Exception:  # an older or newer jaxlib without the option or its value
         return {}
     return options

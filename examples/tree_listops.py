@@ -49,7 +49,7 @@ import numpy as np
 import dynax as dx
 from _training import (add_device_flags, apply_device_flags, apply_quick, check_batch,
                        minibatches, new_kernels, positive_int)
-from _training import compare_speed as timed_comparison
+from _training import compare_speed as timed_comparison  # the name compare_speed is ours
 
 # ============================================================================================
 # Data: the ListOps grammar, a seeded generator, an evaluator and a binariser.

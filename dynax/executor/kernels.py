@@ -454,7 +454,8 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
     k = sig.kernels.get(key)
     if k is not None:
         return k
-    if not _defers(sig, modes, B):
+    defers = _defers(sig, modes, B)
+    if not defers:
         step = backward_kernel(sig, modes, gflags, B, forward)
         read_akeys = step.read_akeys
 
@@ -479,7 +480,7 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
             return garenas, tuple(g + d for g, d in zip(pgrads, dps))
 
     k = Kernel(_jit(kernel, f"{sig.op.name}_bwd_B{B}_T{T}", (0, 1), B * sig.lane_work,
-                    accumulates=sig.has_params and not _defers(sig, modes, B)),
+                    accumulates=sig.has_params and not defers),
                step.write_akeys, read_akeys, {}, kernel)
     sig.kernels[key] = k
     return k

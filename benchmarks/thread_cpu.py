@@ -5,8 +5,8 @@ prints each thread's CPU time per update (Linux's ``/proc/self/task``, 10 ms tic
 it over 50 updates or more). On XLA:CPU three kinds show up: the Python thread (building,
 scheduling, dispatching), XLA's intra-op pool (``tf_XLAEigen``, the threads
 ``dx.set_xla_thread_nice`` lowers) and unnamed threads of XLA's client that run each
-kernel's thunks and take their share of its parallel work (session 48: the tagger's 3.0 +
-3.0 ms per update, the Tree-LSTM's 5.9 + 5.6, at the Python thread's priority)::
+kernel's thunks and take their share of its parallel work (session 48: the tagger's 2.9 +
+2.8 ms per update, the Tree-LSTM's 5.9 + 5.6, at the Python thread's priority)::
 
     .venv/bin/python -m benchmarks.thread_cpu --task tagger [--updates 100] [--cpu-threads 1]
 """

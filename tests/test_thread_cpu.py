@@ -17,7 +17,7 @@ def test_per_update_divides_each_threads_cpu_and_counts_new_threads_from_zero():
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux's /proc")
-def test_thread_times_sees_a_busy_thread_by_its_name_and_nice_value():
+def test_thread_times_sees_a_busy_thread_and_its_nice_value():
     spin = {"stop": False}
 
     def busy():
@@ -36,6 +36,6 @@ def test_thread_times_sees_a_busy_thread_by_its_name_and_nice_value():
         spin["stop"] = True
         t.join()
     row = next(r for r in rows if r[2] == tid)
-    assert row[1] == os.getpriority(os.PRIO_PROCESS, 0) + 3  # its own nice value
+    assert row[1] == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 3)  # its own nice value
     assert row[3] >= 30.0  # of its 300 ms, in 10 ms ticks, on a machine busy with other tests
     assert os.getpid() in thread_cpu.thread_times()  # the main thread is listed too

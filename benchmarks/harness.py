@@ -98,6 +98,35 @@ def _block_values(pc):
     jax.block_until_ready([p.value for p in pc.parameters()])
 
 
+def steady_agenda(ap, argv=None):
+    """The setup of the profiling tools (``xla_ops``, ``thread_cpu``): ``ap`` gets
+    ``--task`` and ``--cpu-threads`` and parses ``argv``; the task's dynax agenda system is
+    started and run twice over 24 batches (every shape compiled, arenas grown) and left
+    settled. Returns ``(args, task, system, batches)``."""
+    ap.add_argument("--task", default="tagger")
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="XLA:CPU intra-op threads (dx.set_cpu_threads)")
+    args = ap.parse_args(argv)
+    if args.cpu_threads is not None:
+        dx.set_cpu_threads(args.cpu_threads)
+    task = load_task(args.task)
+    if task is None:
+        ap.error(f"unknown task {args.task!r}")
+    batches = task.make_batches(24, seed=1)
+    system = DynaxSystem(task, "agenda")
+    system.start()
+    for b in batches + batches:
+        system.update(b)
+    wait_for_device(system)
+    return args, task, system, batches
+
+
+def wait_for_device(system) -> None:
+    """Block until the device has finished ``system``'s updates, leaving its parameters
+    unread: ``value`` would mark them held, and the next update would copy every one."""
+    jax.block_until_ready([p._value for p in system.model.pc.parameters()])
+
+
 class DynaxSystem:
     """dynax training ``task.DynaxModel(seed=0)`` under one autobatching strategy.
 

@@ -58,27 +58,13 @@ def per_update(before: dict, after: dict, updates: int) -> list:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--task", default="tagger")
     ap.add_argument("--updates", type=int, default=100, help="updates measured")
-    ap.add_argument("--cpu-threads", type=int, default=None,
-                    help="XLA:CPU intra-op threads (dx.set_cpu_threads)")
-    args = ap.parse_args(argv)
-    if args.cpu_threads:
-        dx.set_cpu_threads(args.cpu_threads)
-    task = harness.load_task(args.task)
-    if task is None:
-        raise SystemExit(1)
-    batches = task.make_batches(24, seed=1)
-    system = harness.DynaxSystem(task, "agenda")
-    system.start()
-    for b in batches:  # every shape compiled
-        system.update(b)
-    system.settle()
+    args, task, system, batches = harness.steady_agenda(ap, argv)
     with dx.settled_heap():
         before, t0 = thread_times(), time.perf_counter()
         for i in range(args.updates):
             system.update(batches[i % len(batches)])
-        system.settle()
+        harness.wait_for_device(system)
         wall, after = time.perf_counter() - t0, thread_times()
     rows = per_update(before, after, args.updates)
     main_tid = os.getpid()  # on Linux the main thread's id is the process id

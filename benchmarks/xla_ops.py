@@ -29,8 +29,6 @@ import tempfile
 
 import jax
 
-import dynax as dx
-
 from . import harness
 
 
@@ -88,29 +86,16 @@ def self_times(events: list) -> tuple[collections.Counter, collections.Counter,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--task", default="tagger")
     ap.add_argument("--updates", type=int, default=8, help="updates recorded")
     ap.add_argument("--top", type=int, default=30, help="operation rows printed")
-    ap.add_argument("--cpu-threads", type=int, default=None,
-                    help="XLA:CPU intra-op threads (dx.set_cpu_threads)")
-    args = ap.parse_args(argv)
-    if args.cpu_threads is not None:
-        dx.set_cpu_threads(args.cpu_threads)
-    task = harness.load_task(args.task)
-    if task is None:
-        ap.error(f"unknown task {args.task!r}")
-    batches = task.make_batches(24, seed=1)
-    system = harness.DynaxSystem(task, "agenda")
-    system.start()
+    args, task, system, batches = harness.steady_agenda(ap, argv)
     n = args.updates
 
     def run(updates):
         for b in updates:
             system.update(b)
-        # ``_value``, not ``value``: that marks the arrays held, and the next update copies
-        jax.block_until_ready([p._value for p in system.model.pc.parameters()])
+        harness.wait_for_device(system)
 
-    run(batches + batches)  # every shape compiled, arenas grown
     family, own, calls = self_times(traced_events(lambda: run(batches[:n])))
     print(f"{task.NAME}, {n} updates traced: ms per update, summed over XLA's threads")
     print("kernel families:")

@@ -481,3 +481,41 @@ def test_a_stale_expression_keeps_little_of_its_graph():
         tracemalloc.stop()
     assert kept[0].shape == ()
     assert per_graph < 24 * n_values + 8192, (per_graph, n_values)
+
+
+# ---- the replaced graph's node lists, freed while the next graph's read waits ------------------
+
+def _graph_of(n: int, W):
+    """A new graph of ``2 * n + 1`` nodes on ``W`` and its scalar loss (not read yet)."""
+    cg = dx.renew_cg()
+    x = dx.input(np.ones(4, np.float32))
+    for _ in range(n):
+        x = dx.tanh(W * x)
+    return cg, dx.sum_elems(x)
+
+
+@pytest.mark.parametrize("waits", [True, False])
+def test_a_replaced_graphs_lists_go_at_the_next_read_that_waits_or_the_next_renewal(
+        monkeypatch, waits):
+    """``renew_cg`` hands the replaced graph's node lists to the new graph, which drops
+    them at its first read that waits for the device (where the host would sit idle). A read that does not wait keeps them, and the next ``renew_cg`` drops them:
+    at most one replaced graph's lists are ever held, and ``release_memory`` drops them."""
+    from dynax.executor import engine
+    monkeypatch.setattr(engine, "_waiting", lambda pending: waits)
+    W = dx.ParameterCollection(seed=0).add_parameters((4,))
+    old, loss = _graph_of(3, W)
+    loss.value()
+    cg, loss = _graph_of(5, W)
+    assert old.node_sig == [] and len(cg.litter[0]) == 7  # 3 x (product, tanh), sum
+    x = np.ones(4, np.float32)
+    for _ in range(5):
+        x = np.tanh(W.value * x)
+    assert loss.value() == pytest.approx(float(np.sum(x)), rel=1e-6)
+    if waits:
+        assert cg.litter == ()
+    else:
+        assert len(cg.litter[0]) == 7
+        cg3, _ = _graph_of(1, W)
+        assert cg.litter == () and len(cg3.litter[0]) == 11  # the first graph's went
+        dx.release_memory()
+        assert cg3.litter == ()

@@ -527,8 +527,11 @@ class Engine:
             pending = g.pending_reads.pop(v, None)
             if pending is None:
                 pending = self._start_read(g, v)
-            if self.search_ahead and g.loss_live is None and g.train and _waiting(pending):
-                _ancestors_while_waiting(g, v)
+            search = self.search_ahead and g.loss_live is None and g.train
+            if (search or g.litter) and _waiting(pending):  # host work the wait hides
+                g.litter = ()  # the replaced graph's node lists (renew_cg)
+                if search:
+                    _ancestors_while_waiting(g, v)
             got = g.host_values[v] = np.asarray(pending)[0, ...]
         return got
 

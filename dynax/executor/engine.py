@@ -27,6 +27,7 @@ from ..errors import StaleExpressionError
 from ..ops.registry import AKEY_AVAL, AKEY_SIZE, CHEAP
 from .ahead import Ahead, is_new
 from .buckets import bucket, coarse_bucket
+from .early import EarlyBackward, may_run_early
 from .validity import check_argument_grads, check_block, check_forward, check_param_grads
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
                       compile_clear, forward_kernel, forward_run_kernel, load_block,
@@ -42,6 +43,7 @@ FUSE_RUNS = True  # consecutive batches of one kernel run as one loop (see _laun
 AHEAD_COMPILE = True  # a pass's new kernels compile side by side (see ahead.py)
 REPLAY_PREPARED = True  # a reused plan's batches are prepared as last time (see replay.py)
 STREAM_BACKWARD = True  # backward kernels launch as they are decided (see _backward_batches)
+BACKWARD_WHILE_WAITING = True  # a training loop's backward runs as its loss is read (early.py)
 RUN_MIN_STEPS = 4  # the smallest run kernel: up to this many steps (see _launches)
 FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
 REPLAN_MAX_LANES = 4  # forward batches this narrow on average: backward may plan again
@@ -141,6 +143,7 @@ class Engine:
         # whether the last backward() was of a value read first (a training loop's pattern):
         # only then does a read look for the loss ancestors ahead (_ancestors_while_waiting)
         self.search_ahead = False
+        self.early = None  # the EarlyBackward running now, if one is
 
     def _follow_device(self, g) -> None:
         """Keep the arenas on the device ``dx.set_device`` selects: after a change they are
@@ -532,6 +535,8 @@ class Engine:
                 g.litter = ()  # the replaced graph's node lists (renew_cg)
                 if search:
                     _ancestors_while_waiting(g, v)
+                    if BACKWARD_WHILE_WAITING and may_run_early(g, v):
+                        self._backward_while_waiting(g, v)
             got = g.host_values[v] = np.asarray(pending)[0, ...]
         return got
 
@@ -558,12 +563,19 @@ class Engine:
         ``full``, compute the cotangent of every value the loss depends on as well (inputs
         included), for ``Expression.gradient()``."""
         self._follow_device(g)
+        early, g.early = g.early, None
+        if early is not None:
+            if early.fits(g, v, full):
+                self.search_ahead = True
+                self.last_grads = (g, early.commit(g))
+                return
+            g.n_backward_batches = early.n_backward_batches  # not run, as far as stats go
         loss_node = g.val_node[v]
         self.search_ahead = v in g.host_values
         if loss_node < 0:  # a constant: no parameter contributed, nothing to differentiate
             self.last_grads = None  # the gradients of a pass before are not this one's
             return
-        if v not in g.host_values:
+        if v not in g.host_values and self.early is None:
             # queue the loss's read ahead of the backward kernels, so that a loop reading
             # it after ``trainer.update()`` waits for the forward pass only
             g.pending_reads[v] = self._start_read(g, v)
@@ -588,6 +600,38 @@ class Engine:
         except BaseException:  # a check failed part-way: no parameter keeps a partial gradient
             _restore_gradients(snapshot)
             raise
+
+    def _backward_while_waiting(self, g, v: int) -> None:
+        """Run ``backward()`` of loss ``v`` while the host waits for its value, the
+        parameters' gradients held aside until ``backward()`` of ``v`` claims them
+        (``early.py``). An error is left for that ``backward()`` to raise."""
+        t = time.perf_counter()
+        early = self.early = EarlyBackward(g, v)
+        try:
+            self.backward(g, v)
+        except Exception:  # noqa: BLE001  (backward() runs again, and raises it there)
+            g.n_backward_batches = early.n_backward_batches
+        else:
+            early.arenas, self.last_grads = self.last_grads[1], None  # until claimed
+            g.early = early
+        finally:
+            self.early = None
+        g.seconds["backward"] += time.perf_counter() - t
+
+    def _grad_buffer(self, p):
+        """The gradient buffer of ``p`` a backward kernel adds to (and consumes)."""
+        return p._grad_buffer() if self.early is None else self.early.buffer(p)
+
+    def _has_buffer(self, p) -> bool:
+        """Whether a gradient buffer of ``p`` exists (a kernel then adds to it)."""
+        return p._grad is not None or (self.early is not None and p in self.early.grads)
+
+    def _accumulate(self, p, arr, sig, g, nodes) -> None:
+        """``p``'s gradient is now ``arr`` (its buffer and the batch's share added)."""
+        if self.early is None:
+            p._accumulate(arr, sig, g, nodes)
+        else:
+            self.early.add(p, arr, sig, nodes)
 
     def _backward_plan(self, g) -> list:
         """The batches backward runs, in forward order: the forward passes' own, or a plan
@@ -687,7 +731,7 @@ class Engine:
             # cell, whose first batch in reverse order varies, compiles no variant per
             # batch size
             fresh = (bool(params) and not sig.op.row_gather
-                     and all(p._grad is None and p in once for p in params))
+                     and all(not self._has_buffer(p) and p in once for p in params))
             kern = backward_kernel(sig, modes, gflags, B, fwd, fresh,
                                    gathered_outs=batch.gathered_outs)
         else:  # a fused run (see _launch)
@@ -742,13 +786,13 @@ class Engine:
         g.n_backward_batches += np.count_nonzero(packet[:, 0]) if packet.ndim == 2 else 1
         if ahead is not None:
             ahead.wait(kern.fn)
-        pgrads = () if fresh else tuple(p._grad_buffer() for p in params)
+        pgrads = () if fresh else tuple(map(self._grad_buffer, params))
         new_g, new_pg = kern.fn(*self._backward_args(kern, grads, pgrads, params, saved,
                                                      packet))
         for a, arr in zip(kern.write_akeys, new_g):
             grads[a] = arr
         for p, arr in zip(params, new_pg):
-            p._accumulate(arr, sig, g, nodes)
+            self._accumulate(p, arr, sig, g, nodes)
         if g.check_validity:
             check_argument_grads(g, grads, sig, nodes, gflags)
             check_param_grads(g, sig, nodes)
@@ -777,14 +821,14 @@ class Engine:
             for off in per_lane:  # rows of gathered arguments, ints
                 packet_t[off:off + B][~on] = packet_t[off + first]
             new_g, new_pg = kern.fn(*self._backward_args(
-                kern, grads, tuple(p._grad_buffer() for p in sig.params), sig.params, (),
+                kern, grads, tuple(map(self._grad_buffer, sig.params)), sig.params, (),
                 packet_t))
             for a, arr in zip(kern.write_akeys, new_g):
                 grads[a] = arr
             step_nodes = nodes[starts[t]:starts[t + 1]]
             live_nodes = [nd for nd, o in zip(step_nodes, on) if o]
             for p, arr in zip(sig.params, new_pg):
-                p._accumulate(arr, sig, g, live_nodes)
+                self._accumulate(p, arr, sig, g, live_nodes)
             if g.check_validity:
                 check_argument_grads(g, grads, sig, live_nodes, gflags)
                 check_param_grads(g, sig, step_nodes)

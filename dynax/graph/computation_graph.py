@@ -130,6 +130,7 @@ class ComputationGraph:
         self.pending_reads: dict = {}  # value id -> its queued one-row gather (device array)
         self.loss_live = None  # (node, _loss_ancestors) found while a read waited, at most once
         self.litter: tuple = ()  # the replaced graph's node lists, dropped while a read waits
+        self.early = None  # a backward pass run while its loss was read (executor/early.py)
         self.computed = 0  # nodes [0, computed) have values
         self.batches: list = []  # executed batch records, forward order (for backward)
         self.n_batches = 0
@@ -318,6 +319,9 @@ class ComputationGraph:
         ``renew_cg`` moves to where the next graph's host waits for the device anyway."""
         self.alive = False
         self.retired_because = reason
+        if self.early is not None:  # never claimed: as far as stats go, it did not run
+            self.n_backward_batches = self.early.n_backward_batches
+            self.early = None
         self.batches = []
         self.host_values = {}
         self.pending_reads = {}

@@ -612,8 +612,9 @@ class Engine:
         except Exception:  # noqa: BLE001  (backward() runs again, and raises it there)
             g.n_backward_batches = early.n_backward_batches
         else:
-            early.arenas, self.last_grads = self.last_grads[1], None  # until claimed
-            g.early = early
+            if self.last_grads is not None and self.last_grads[0] is g:  # the pass ran
+                early.arenas, self.last_grads = self.last_grads[1], None  # until claimed
+                g.early = early
         finally:
             self.early = None
         g.seconds["backward"] += time.perf_counter() - t

@@ -12,7 +12,7 @@ import pytest
 
 import dynax as dx
 
-from reference import STRATEGIES
+from reference import STRATEGIES, rounded
 
 
 def counts(cg):
@@ -542,14 +542,6 @@ def test_a_function_jax_cannot_differentiate_runs_for_decisions(strategy):
     it gets jax.grad's gradient, and a backward that would need it is refused, naming the
     op and why its training forward failed, before anything is accumulated. An evaluation
     graph computes it as well."""
-    def host_round(a):
-        return np.round(a).astype(np.float32)
-
-    @dx.function
-    def rounded(h):
-        return jax.pure_callback(host_round, jax.ShapeDtypeStruct(h.shape, h.dtype), h,
-                                 vmap_method="broadcast_all")
-
     pc = dx.ParameterCollection(seed=0)
     W = pc.add_parameters((3, 3), name="W")
     xs = [np.array([0.4, 1.6, -2.2], np.float32) * k for k in (1, 2, 3)]

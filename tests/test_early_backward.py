@@ -18,8 +18,8 @@ import dynax as dx
 from dynax.errors import StaleExpressionError
 from dynax.executor import engine
 from dynax.graph.computation_graph import _engine
+from reference import STRATEGIES, rounded
 
-STRATEGIES = ("agenda", "depth", "none")
 TOL = dict(rtol=2e-5, atol=1e-6)
 WORDS = [(1, 2, 2, 5), (3, 1), (4, 4, 0, 2, 6)]
 
@@ -247,14 +247,6 @@ def test_an_unclaimed_pass_leaves_the_next_graph_and_the_stats_alone(reads_wait,
 def test_a_backward_that_fails_early_raises_in_backward(reads_wait):
     """The loss depends on a function JAX cannot differentiate: the held pass fails
     quietly, and ``backward()`` raises what it raises live."""
-    def host_round(a):
-        return np.round(a).astype(np.float32)
-
-    @dx.function
-    def rounded(h):
-        return jax.pure_callback(host_round, jax.ShapeDtypeStruct(h.shape, h.dtype), h,
-                                 vmap_method="broadcast_all")
-
     pc, (W, b, E), _, _ = _read_then()
     pc.zero_grad()
     cg = dx.renew_cg()

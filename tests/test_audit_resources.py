@@ -498,8 +498,9 @@ def _graph_of(n: int, W):
 def test_a_replaced_graphs_lists_go_at_the_next_read_that_waits_or_the_next_renewal(
         monkeypatch, waits):
     """``renew_cg`` hands the replaced graph's node lists to the new graph, which drops
-    them at its first read that waits for the device (where the host would sit idle). A read that does not wait keeps them, and the next ``renew_cg`` drops them:
-    at most one replaced graph's lists are ever held, and ``release_memory`` drops them."""
+    them at its first read that waits for the device (where the host would sit idle). A
+    read that does not wait keeps them, and the next ``renew_cg`` drops them: at most one
+    replaced graph's lists are ever held, and ``release_memory`` drops them."""
     from dynax.executor import engine
     monkeypatch.setattr(engine, "_waiting", lambda pending: waits)
     W = dx.ParameterCollection(seed=0).add_parameters((4,))

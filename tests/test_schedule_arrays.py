@@ -97,6 +97,7 @@ def _plans(cg, lo, hi, monkeypatch):
     out = {}
     for arrays in (False, True):
         monkeypatch.setattr(strategies, "ARRAYS_MIN_NODES", 0 if arrays else 10**9)
+        monkeypatch.setattr(strategies, "AGENDA_ARRAYS_MIN_NODES", 0 if arrays else 10**9)
         monkeypatch.setattr(strategies, "ARRAYS_MIN_BATCH", 0)
         out[arrays] = (strategies.by_agenda(cg, lo, hi), strategies.by_depth(cg, lo, hi))
     return out
@@ -133,6 +134,7 @@ def test_array_plans_of_an_incremental_forward(monkeypatch):
 @pytest.mark.parametrize("strategy", ["agenda", "depth"])
 def test_array_plans_train_like_none_and_jax_grad(strategy, monkeypatch):
     monkeypatch.setattr(strategies, "ARRAYS_MIN_NODES", 0)
+    monkeypatch.setattr(strategies, "AGENDA_ARRAYS_MIN_NODES", 0)
     monkeypatch.setattr(strategies, "ARRAYS_MIN_BATCH", 0)
     model = Forest()
     batch = _instances(12, 5)
@@ -163,7 +165,7 @@ def test_arrays_hand_over_to_the_python_loop_midway(after, monkeypatch):
     lo = cg.computed
     model.loss(_instances(40, 6))
     hi = len(cg.node_sig)
-    monkeypatch.setattr(strategies, "ARRAYS_MIN_NODES", 10**9)
+    monkeypatch.setattr(strategies, "AGENDA_ARRAYS_MIN_NODES", 10**9)
     expected = strategies.by_agenda(cg, lo, hi)  # all in Python loops
     assert len(expected) > 12 and lo > 0
     monkeypatch.setattr(strategies, "ARRAYS_MIN_BATCH", 0)
@@ -178,7 +180,7 @@ def test_long_thin_graphs_stay_on_the_python_loops(monkeypatch):
     """A chain has one node per batch: on arrays that would cost ~30 us per node."""
     cg = dx.renew_cg()
     x = dx.input(np.ones(3, np.float32))
-    for _ in range(strategies.ARRAYS_MIN_NODES + 10):
+    for _ in range(strategies.AGENDA_ARRAYS_MIN_NODES + 10):
         x = dx.tanh(x)
     hi = len(cg.node_sig)
     assert strategies._agenda_arrays_setup(cg, 0, hi) is None
@@ -189,6 +191,7 @@ def test_long_thin_graphs_stay_on_the_python_loops(monkeypatch):
 def test_an_empty_range_has_an_empty_plan(monkeypatch):
     """A forward with only constants pending schedules no node, on either path."""
     monkeypatch.setattr(strategies, "ARRAYS_MIN_NODES", 0)
+    monkeypatch.setattr(strategies, "AGENDA_ARRAYS_MIN_NODES", 0)
     cg = dx.renew_cg()
     dx.tanh(dx.input(np.ones(2, np.float32)))
     n = len(cg.node_sig)

@@ -25,9 +25,11 @@ from operator import attrgetter
 
 import numpy as np
 
-# Measured on the benchmark tasks: arrays win from ~4k nodes with batches of ~50 nodes on
-# average; below, and for long thin graphs, the Python loops do
-ARRAYS_MIN_NODES = 4096  # pending nodes, at the least, to schedule on arrays
+# Measured on the benchmark tasks: by depth, arrays win from ~4k nodes; the agenda's
+# arrays win from ~1k nodes wherever its batches average ~50 nodes or more (the setup's
+# estimate, which turns long thin graphs away at ~5% of a Python plan's cost)
+ARRAYS_MIN_NODES = 4096  # pending nodes, at the least, to schedule by depth on arrays
+AGENDA_ARRAYS_MIN_NODES = 1024  # the same for the agenda
 ARRAYS_MIN_BATCH = 48  # agenda: nodes per batch, at the least (estimated, then checked)
 
 _sid = attrgetter("sid")
@@ -90,7 +92,7 @@ def by_agenda(graph, lo: int, hi: int) -> list[list[int]]:
 def _agenda(graph, lo: int, hi: int):
     """The agenda's batches, one at a time: on arrays for large graphs with large batches,
     else (or from the point where batches turn out small) in Python loops."""
-    if hi - lo >= max(1, ARRAYS_MIN_NODES):
+    if hi - lo >= max(1, AGENDA_ARRAYS_MIN_NODES):
         state = _agenda_arrays_setup(graph, lo, hi)
         if state is not None:
             return _agenda_arrays(graph, lo, state)

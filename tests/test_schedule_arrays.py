@@ -93,11 +93,16 @@ def _check_valid(cg, lo, hi, plan):
     assert sorted(seen) == list(range(lo, hi))
 
 
+def _arrays_from(monkeypatch, n: int) -> None:
+    """Schedule graphs of ``n`` pending nodes or more on arrays, by depth and by agenda."""
+    monkeypatch.setattr(strategies, "ARRAYS_MIN_NODES", n)
+    monkeypatch.setattr(strategies, "AGENDA_ARRAYS_MIN_NODES", n)
+
+
 def _plans(cg, lo, hi, monkeypatch):
     out = {}
     for arrays in (False, True):
-        monkeypatch.setattr(strategies, "ARRAYS_MIN_NODES", 0 if arrays else 10**9)
-        monkeypatch.setattr(strategies, "AGENDA_ARRAYS_MIN_NODES", 0 if arrays else 10**9)
+        _arrays_from(monkeypatch, 0 if arrays else 10**9)
         monkeypatch.setattr(strategies, "ARRAYS_MIN_BATCH", 0)
         out[arrays] = (strategies.by_agenda(cg, lo, hi), strategies.by_depth(cg, lo, hi))
     return out
@@ -133,8 +138,7 @@ def test_array_plans_of_an_incremental_forward(monkeypatch):
 
 @pytest.mark.parametrize("strategy", ["agenda", "depth"])
 def test_array_plans_train_like_none_and_jax_grad(strategy, monkeypatch):
-    monkeypatch.setattr(strategies, "ARRAYS_MIN_NODES", 0)
-    monkeypatch.setattr(strategies, "AGENDA_ARRAYS_MIN_NODES", 0)
+    _arrays_from(monkeypatch, 0)
     monkeypatch.setattr(strategies, "ARRAYS_MIN_BATCH", 0)
     model = Forest()
     batch = _instances(12, 5)
@@ -190,8 +194,7 @@ def test_long_thin_graphs_stay_on_the_python_loops(monkeypatch):
 
 def test_an_empty_range_has_an_empty_plan(monkeypatch):
     """A forward with only constants pending schedules no node, on either path."""
-    monkeypatch.setattr(strategies, "ARRAYS_MIN_NODES", 0)
-    monkeypatch.setattr(strategies, "AGENDA_ARRAYS_MIN_NODES", 0)
+    _arrays_from(monkeypatch, 0)
     cg = dx.renew_cg()
     dx.tanh(dx.input(np.ones(2, np.float32)))
     n = len(cg.node_sig)

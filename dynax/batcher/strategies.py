@@ -27,7 +27,7 @@ import numpy as np
 
 # Measured on the benchmark tasks: by depth, arrays win from ~4k nodes; the agenda's
 # arrays win from ~1k nodes wherever its batches average ~50 nodes or more (the setup's
-# estimate, which turns long thin graphs away at ~5% of a Python plan's cost)
+# estimate, which turns graphs of small batches away at 3-14% of a Python plan's cost)
 ARRAYS_MIN_NODES = 4096  # pending nodes, at the least, to schedule by depth on arrays
 AGENDA_ARRAYS_MIN_NODES = 1024  # the same for the agenda
 ARRAYS_MIN_BATCH = 48  # agenda: nodes per batch, at the least (estimated, then checked)

@@ -256,3 +256,28 @@ def test_a_backward_that_fails_early_raises_in_backward(reads_wait):
     with pytest.raises(ValueError, match="JAX cannot differentiate"):
         loss.backward()
     assert not W._has_grad
+
+
+def test_after_release_memory_a_read_runs_no_backward_ahead(reads_wait):
+    """A training loop arms the pass run ahead; ``dx.release_memory()`` disarms it, so a
+    train-mode graph read after it (an evaluation) allocates no gradient arena. The next
+    training step, read then differentiated, arms it again, and its gradients are
+    jax.grad's."""
+    pc, params, cg, loss = _read_then()
+    loss.backward()  # claimed: the loop's pattern, seen
+    pc.zero_grad()
+    assert _engine().search_ahead
+    dx.release_memory()
+    cg = dx.renew_cg()
+    _loss(*params, WORDS).value()
+    assert cg.early is None and cg.loss_live is None and not _engine().spare_grads
+    for step in range(2):  # the first backward arms it, the second step's read runs it
+        pc.zero_grad()
+        cg = dx.renew_cg()
+        loss = _loss(*params, WORDS)
+        loss.value()
+        assert (cg.early is not None) == (step == 1)
+        loss.backward()
+    ref = jax.grad(_ref_loss)(_values(*params), WORDS)
+    for p, want in zip(params, ref):
+        np.testing.assert_allclose(np.asarray(p.grad), np.asarray(want), **TOL)

@@ -198,11 +198,15 @@ class Engine:
         self.arenas[akey] = new
 
     def release_memory(self):
-        """Drop every pooled arena (they are re-created on demand)."""
+        """Drop every pooled arena (they are re-created on demand), and forget that the
+        last graph was a training loop's: a graph read after this (an evaluation, after
+        training) runs no backward pass ahead, whose gradient arenas would be allocated
+        again; the next backward() of a read loss turns that on again."""
         self.arenas.clear()
         self.spare_grads.clear()
         self.last_grads = None
         self.plans.clear()
+        self.search_ahead = False
 
     # ---- forward ---------------------------------------------------------------------------------
     def forward(self, g):

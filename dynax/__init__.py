@@ -56,7 +56,9 @@ def forward(exprs) -> None:
 def release_memory() -> None:
     """Drop this thread's pooled arenas (values and gradients); they are re-created on
     demand. The values of the current graph go with them, so it ends: its expressions
-    raise ``StaleExpressionError`` from now on, and the next operation starts a new graph."""
+    raise ``StaleExpressionError`` from now on, and the next operation starts a new graph.
+    Reads after it run no backward pass ahead (a training loop's, see ``dynax/README.md``)
+    until a ``backward()`` of a read loss, so they allocate no gradient arena."""
     from .graph.computation_graph import _engine, retire_current_graph
     retire_current_graph("whose values dx.release_memory() dropped")
     _engine().release_memory()

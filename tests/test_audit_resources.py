@@ -466,9 +466,10 @@ def test_a_stale_expression_keeps_little_of_its_graph():
         return loss
 
     n_values = len(graph().g.val_node)
+    n_kept = 10
     tracemalloc.start()
     try:
-        kept = [graph() for _ in range(10)]
+        kept = [graph() for _ in range(n_kept)]
         dx.renew_cg()
         assert kept[0].shape == ()
         # what the stale expressions keep is what goes with them: measured by letting them
@@ -478,7 +479,7 @@ def test_a_stale_expression_keeps_little_of_its_graph():
         held = tracemalloc.get_traced_memory()[0]
         del kept
         gc.collect()
-        per_graph = (held - tracemalloc.get_traced_memory()[0]) / 10
+        per_graph = (held - tracemalloc.get_traced_memory()[0]) / n_kept
     finally:
         tracemalloc.stop()
     assert per_graph < 16 * n_values + 4096, (per_graph, n_values)

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from itertools import chain
+from operator import itemgetter
 from typing import NamedTuple
 
 import jax
@@ -27,11 +28,12 @@ from ..errors import StaleExpressionError
 from ..ops.registry import AKEY_AVAL, AKEY_SIZE, CHEAP
 from .ahead import Ahead, is_new
 from .buckets import bucket, coarse_bucket
-from .early import EarlyBackward, may_run_early
+from .early import DroppedGradients, EarlyBackward, may_run_early
 from .validity import check_argument_grads, check_block, check_forward, check_param_grads
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
                       compile_clear, forward_kernel, forward_run_kernel, load_block,
                       packet_offsets, seed_gradient)
+from .repeats import RepeatGate, repeated_lanes
 from .replay import Recording
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
@@ -46,6 +48,8 @@ STREAM_BACKWARD = True  # backward kernels launch as they are decided (see _back
 BACKWARD_WHILE_WAITING = True  # a training loop's backward runs as its loss is read (early.py)
 RUN_MIN_STEPS = 4  # the smallest run kernel: up to this many steps (see _launches)
 FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
+RUN_REPEATS_ONCE = True  # lanes repeating another lane's computation run once (repeats.py)
+REPEATS_MIN_WORK = 1 << 16  # lanes saved x a lane's work (elements), at least, to do so
 REPLAN_MAX_LANES = 4  # forward batches this narrow on average: backward may plan again
 COARSE_MAX_WORK = 1 << 16  # padded lanes x a lane's work (elements), at most, for the
 # coarse ladder (_lanes): its padding then costs ~10 us at worst
@@ -104,6 +108,7 @@ class Batch(NamedTuple):
     saved: tuple  # its residuals
     param_values: tuple  # the parameters' arrays it ran with (a later change is refused)
     gathered_outs: bool = False  # a backward plan's batch: the packet lists output rows
+    distinct: int = 0  # its lanes' distinct computations ran on this many lanes (repeats.py)
 
 
 def _grad_flags(g, sig, nodes):
@@ -144,6 +149,9 @@ class Engine:
         # only then does a read look for the loss ancestors ahead (_ancestors_while_waiting)
         self.search_ahead = False
         self.early = None  # the EarlyBackward running now, if one is
+        # whether a backward pass merges the cotangents of repeated lanes (repeats.py): not
+        # while one runs again for Expression.gradient() (_exact_gradients)
+        self.merge_repeats = True
 
     def _follow_device(self, g) -> None:
         """Keep the arenas on the device ``dx.set_device`` selects: after a change they are
@@ -268,6 +276,9 @@ class Engine:
         held: list = []  # runs from the first with a new kernel on (see _launch_held)
         # 'none' is the node-by-node reference; validity checks look at every batch
         fuse = FUSE_RUNS and g.autobatch != "none" and not g.check_validity
+        # a replayed plan's packets are the recorded ones: no lane is known to repeat there
+        repeats = (RUN_REPEATS_ONCE and not g.check_validity and replay is None
+                   and recording is None)
         batches = iter(batches)
         while True:
             t = time.perf_counter()
@@ -279,10 +290,11 @@ class Engine:
             if replay is not None:
                 step = next(replay)
             else:
-                step = self._prepare(g, nodes)
+                step = self._prepare(g, nodes, repeats)
                 if recording is not None:
                     recording.add(step)
-            if run and (not fuse or step[:4] != run[0][:4]):
+            # a batch running its distinct lanes only is launched on its own
+            if run and (not fuse or step[:4] != run[0][:4] or step[6] or run[0][6]):
                 n_kernels = len(run[0][0].kernels)  # before the check makes any
                 if held or self._meets_new_kernel(g, run):
                     held.append((run, n_kernels))
@@ -428,10 +440,11 @@ class Engine:
         n = len(nodes)
         row_of = g.val_row.__getitem__
         modes, all_rows = [], []
-        # the value arguments of the batch's nodes, one tuple per argument position
-        args = zip(*map(g.node_vals.__getitem__, nodes))
-        for akey, vals in zip(sig.in_akeys, args):
-            rows = list(map(row_of, vals))
+        # the value arguments of the batch's nodes, a column per argument position
+        # (itemgetter: zip(*rows) costs ~0.1 us a node, making an iterator of each)
+        vals = list(map(g.node_vals.__getitem__, nodes))
+        for k, akey in enumerate(sig.in_akeys):
+            rows = list(map(row_of, map(itemgetter(k), vals)))
             all_rows.append(rows)
             # UNIFORM only pays for large values (a shared computed matrix): for small ones a
             # gather of B copies is cheap, and each mode pattern is a kernel to compile
@@ -439,9 +452,12 @@ class Engine:
                          and rows.count(rows[0]) == n else GATHER)
         return tuple(modes), all_rows
 
-    def _prepare(self, g, nodes):
+    def _prepare(self, g, nodes, repeats: bool = False):
         """Rows for a batch's outputs and its int packet: ``(sig, modes, B, gflags, packet,
-        nodes)``; its kernel is launched later (``_launch``), maybe with the next batches."""
+        nodes, distinct)``; its kernel is launched later (``_launch``), maybe with the next
+        batches. With ``repeats``, lanes repeating another's computation are looked for
+        (``_repeats``): where the batch runs its ``distinct`` lanes only, the packet's
+        arguments are theirs, followed by their number and each lane's distinct lane."""
         sig = g.node_sig[nodes[0]]
         n = len(nodes)
         B = _lanes(n, sig)
@@ -449,6 +465,7 @@ class Engine:
         gflags = (_grad_flags(g, sig, nodes)
                   if g.train and not sig.op.row_gather and not sig.values_only else None)
         modes, all_rows = self._modes(g, sig, nodes)
+        found = _repeats(g, sig, nodes, B) if repeats and n > 1 else None
         # the packet: [n, output starts, per value arg (B rows | 1 row), per int arg (B ints)]
         packet = [n]
         val_row = g.val_row
@@ -463,8 +480,17 @@ class Engine:
             packet.append(start)
             for v, row in zip(firsts, range(start, start + n)):
                 val_row[v + j] = row
-        _add_arguments(packet, g, sig, modes, all_rows, B, nodes)
-        return sig, modes, B, gflags, packet, nodes
+        if found is None:
+            _add_arguments(packet, g, sig, modes, all_rows, B, nodes)
+            return sig, modes, B, gflags, packet, nodes, 0
+        lanes, expand = found
+        U = _lanes(len(lanes), sig)
+        _add_arguments(packet, g, sig, modes, [[rows[i] for i in lanes] for rows in all_rows],
+                       U, [nodes[i] for i in lanes])
+        packet.append(len(lanes))
+        packet += expand
+        packet += [0] * (B - n)
+        return sig, modes, B, gflags, packet, nodes, U
 
     def _launches(self, run):
         """The launches of consecutive prepared batches of one kernel: ``(kernel, step
@@ -484,7 +510,7 @@ class Engine:
         device more than the launches it saves).
         """
         sig, modes, B, gflags = run[0][:4]
-        step = forward_kernel(sig, modes, B, gflags)
+        step = forward_kernel(sig, modes, B, gflags, run[0][6])
         kern = None
         # runs longer than one form only where _forward fuses (not 'none', no validity checks)
         if len(run) > 1 and B * sig.param_elements <= FUSE_MAX_MACS:
@@ -505,7 +531,7 @@ class Engine:
                 ahead.wait(kern.fn)
             nodes = chunk[0][5] if len(chunk) == 1 else [nd for r in chunk for nd in r[5]]
             self._call_forward(g, sig, modes, B, gflags, _packet(chunk, T), nodes, kern,
-                               step)
+                               step, chunk[0][6])
 
     def _forward_args(self, kern, param_values: tuple, packet) -> tuple:
         """A forward kernel's arguments: its arenas written and read, the parameters' values
@@ -514,7 +540,8 @@ class Engine:
         return (tuple(arenas[a] for a in kern.write_akeys),
                 tuple(arenas[a] for a in kern.read_akeys), param_values, packet)
 
-    def _call_forward(self, g, sig, modes, B, gflags, packet, nodes, kern, step):
+    def _call_forward(self, g, sig, modes, B, gflags, packet, nodes, kern, step,
+                      distinct: int = 0):
         """Launch ``kern`` (``step``, or a run of it) and record the batch for backward."""
         arenas = self.arenas
         param_values = tuple(p._value for p in sig.params)
@@ -525,7 +552,8 @@ class Engine:
             saved = ()  # from a reused training kernel: not needed
         g.n_launches += 1
         g.batches.append(Batch(sig, modes, B, packet, nodes, gflags,
-                               step if gflags is not None else None, saved, param_values))
+                               step if gflags is not None else None, saved, param_values,
+                               distinct=distinct))
 
     # ---- reading ---------------------------------------------------------------------------------
     def read(self, g, v: int) -> np.ndarray:
@@ -590,7 +618,7 @@ class Engine:
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
         if not g.check_validity:
             try:
-                return self._backward_batches(g, grads, loss_node, live, full,
+                return self._backward_batches(g, grads, v, loss_node, live, full,
                                               self._backward_plan(g))
             except Exception as e:  # restoring needs a copy of every gradient: validity mode
                 e.add_note("dynax: the backward pass stopped part-way, so the parameters' "
@@ -600,7 +628,7 @@ class Engine:
                 raise
         snapshot = _gradient_snapshot(g.batches)
         try:
-            self._backward_batches(g, grads, loss_node, live, full, g.batches)
+            self._backward_batches(g, grads, v, loss_node, live, full, g.batches)
         except BaseException:  # a check failed part-way: no parameter keeps a partial gradient
             _restore_gradients(snapshot)
             raise
@@ -657,32 +685,46 @@ class Engine:
         plan = schedule(g.autobatch, g, 0, n_computed)
         if 2 * len(plan) > g.n_batches:
             return batches
-        new, outs, val_row = [], g.node_out, g.val_row
-        for nodes in plan:
-            sig = g.node_sig[nodes[0]]
-            # powers of two: these sizes follow the data more than the forward's do, and
-            # each is a kernel variant to compile (a helper's chains read per step, 80
-            # updates: 67 -> 61 compilations; 45 without planning again)
-            B = max(2, _pow2(len(nodes)))
-            modes, all_rows = self._modes(g, sig, nodes)
-            packet = [len(nodes)]
-            for j in range(len(sig.out_akeys)):
-                rows = [val_row[outs[nd] + j] for nd in nodes]
-                packet += rows
-                packet += [rows[0]] * (B - len(nodes))
-            _add_arguments(packet, g, sig, modes, all_rows, B, nodes)
-            gflags = (_grad_flags(g, sig, nodes)
-                      if g.train and not sig.op.row_gather and not sig.values_only else None)
-            new.append(Batch(sig, modes, B, np.asarray(packet, np.int32), nodes, gflags, None,
-                             (), tuple(p._value for p in sig.params), True))
-        return new
+        return [self._lane_by_lane(g, nodes) for nodes in plan]
 
-    def _backward_batches(self, g, grads, loss_node, live, full, batches):
-        """Run the backward kernels of the batches (``_backward_plan``'s) the loss depends
-        on (``live``: see ``_loss_ancestors``), last first: each launched as soon as it is
-        decided, up to the first whose kernel never ran; from that one on, their new
-        kernels compiled side by side first (``ahead.py``)."""
+    def _lane_by_lane(self, g, nodes, param_values: tuple | None = None) -> Batch:
+        """A batch over computed ``nodes`` for backward only: its kernel recomputes the
+        vjp from the value arenas, every lane its own (none merged, see ``repeats.py``),
+        and reads each output's cotangent by row (``gathered_outs``). ``param_values``:
+        those its forward ran with, if it ran as one batch (the parameters' now, else)."""
+        sig = g.node_sig[nodes[0]]
+        outs, val_row = g.node_out, g.val_row
+        # powers of two: these sizes follow the data more than the forward's do, and
+        # each is a kernel variant to compile (a helper's chains read per step, 80
+        # updates: 67 -> 61 compilations; 45 without planning again)
+        B = max(2, _pow2(len(nodes)))
+        modes, all_rows = self._modes(g, sig, nodes)
+        packet = [len(nodes)]
+        for j in range(len(sig.out_akeys)):
+            rows = [val_row[outs[nd] + j] for nd in nodes]
+            packet += rows
+            packet += [rows[0]] * (B - len(nodes))
+        _add_arguments(packet, g, sig, modes, all_rows, B, nodes)
+        gflags = (_grad_flags(g, sig, nodes)
+                  if g.train and not sig.op.row_gather and not sig.values_only else None)
+        if param_values is None:
+            param_values = tuple(p._value for p in sig.params)
+        return Batch(sig, modes, B, np.asarray(packet, np.int32), nodes, gflags, None, (),
+                     param_values, True)
+
+    def _backward_batches(self, g, grads, v, loss_node, live, full, batches):
+        """Run the backward kernels of the batches (``_backward_plan``'s) the loss ``v``
+        depends on (``live``: see ``_loss_ancestors``), last first: each launched as soon as
+        it is decided, up to the first whose kernel never ran; from that one on, their new
+        kernels compiled side by side first (``ahead.py``).
+
+        A batch that ran its distinct lanes only (``repeats.py``) merges its repeated
+        lanes' cotangents, except in a full pass, a pass for ``Expression.gradient()``
+        (``merge_repeats`` off) or where some of its lanes do not reach the loss: it then
+        runs lane by lane (``_lane_by_lane``)."""
         once = _params_of_one_batch(batches)
+        g.merged = None
+        merged = []
         # Until a kernel that has not run yet turns up, each launch goes as soon as it is
         # decided, so the device (idle since the forward pass) starts at once; from that
         # kernel on they are collected, and their new kernels compiled side by side.
@@ -690,6 +732,12 @@ class Engine:
         launches = []
         for batch in reversed(batches):
             with _noting_backward(batch):
+                if batch.distinct and min(batch.nodes) <= loss_node:
+                    if (self.merge_repeats and not full
+                            and all(_needed(batch.nodes, loss_node, live))):
+                        merged.append(batch)
+                    else:
+                        batch = self._lane_by_lane(g, batch.nodes, batch.param_values)
                 launch = self._backward_launch(g, loss_node, live, once, full, batch)
                 if stream and not _compiles_first(launch):
                     self._backward_batch(g, grads, batch, launch)
@@ -700,6 +748,8 @@ class Engine:
         for batch, launch in launches:
             with _noting_backward(batch):  # e.g. a dx.function JAX cannot differentiate
                 self._backward_batch(g, grads, batch, launch, ahead)
+        if merged:
+            g.merged = (v, merged)
         # kept as they are for Expression.gradient(), and cleared when the next pass takes
         # them (a bucketed row count, so that the same step next compiles nothing)
         for a, arr in grads.items():
@@ -738,7 +788,8 @@ class Engine:
             fresh = (bool(params) and not sig.op.row_gather
                      and all(not self._has_buffer(p) and p in once for p in params))
             kern = backward_kernel(sig, modes, gflags, B, fwd, fresh,
-                                   gathered_outs=batch.gathered_outs)
+                                   gathered_outs=batch.gathered_outs,
+                                   distinct=batch.distinct)
         else:  # a fused run (see _launch)
             fresh = False
             kern = backward_run_kernel(sig, modes, gflags, B, fwd, packet.shape[0])
@@ -864,9 +915,48 @@ class Engine:
         None if that pass was not ``g``'s."""
         if self.last_grads is None or self.last_grads[0] is not g:
             return None
+        if g.merged is not None and _upstream_of(g, v, g.merged[1]):
+            self._exact_gradients(g)
         arena = self.last_grads[1][g.val_akey[v]]  # every arena of g's values has one
         # the caller's own copy, writable, as npvalue()
         return np.array(_gather_rows(arena, np.array([g.val_row[v]], np.int32))[0])
+
+    def _exact_gradients(self, g) -> None:
+        """Run the last backward pass of ``g``, which merged repeated lanes' cotangents,
+        again lane by lane: its arenas then hold every value's own cotangent. The
+        parameters' gradients of this second pass are dropped (they are the first's)."""
+        loss = g.merged[0]
+        search_ahead, n_batches = self.search_ahead, g.n_backward_batches
+        self.early, self.merge_repeats = DroppedGradients(), False
+        try:
+            self.backward(g, loss)
+        except StaleExpressionError as e:
+            raise StaleExpressionError(
+                "gradient: the last backward pass summed the gradients of lanes that "
+                "computed the same thing (an expression and its repeats), and giving this "
+                "expression its own needs that pass again, with the parameters as they "
+                f"were; {e}. Read gradient() before changing parameters, or call "
+                "backward(full=True), which keeps every expression's own") from None
+        finally:
+            self.early, self.merge_repeats = None, True
+            self.search_ahead, g.n_backward_batches = search_ahead, n_batches
+
+
+def _upstream_of(g, v: int, batches) -> bool:
+    """Whether value ``v`` is a value argument of the ``batches`` (those whose repeated
+    lanes a backward pass merged) or upstream of one: its cotangent in that pass is not
+    its own (``repeats.py``)."""
+    todo = [w for b in batches for nd in b.nodes for w in g.node_vals[nd]]
+    seen = set()
+    while todo:
+        w = todo.pop()
+        if w == v:
+            return True
+        if w not in seen:
+            seen.add(w)
+            if (nd := g.val_node[w]) >= 0:
+                todo.extend(g.node_vals[nd])
+    return False
 
 
 def _compiles_first(launch) -> bool:
@@ -885,10 +975,30 @@ def _add_arguments(packet: list, g, sig, modes, all_rows, B: int, nodes) -> None
             packet += [rows[0]] * (B - n)
         else:
             packet.append(rows[0])
-    if sig.n_ints:  # one tuple per int argument position
-        for xs in zip(*map(g.node_ints.__getitem__, nodes)):
+    if sig.n_ints:  # a column per int argument position
+        ints = list(map(g.node_ints.__getitem__, nodes))
+        for k in range(sig.n_ints):
+            xs = list(map(itemgetter(k), ints))
             packet += xs
             packet += [xs[0]] * (B - n)
+
+
+def _repeats(g, sig, nodes, B: int):
+    """The repeated lanes of a batch (``repeated_lanes``) where running its distinct lanes
+    only saves enough work (``REPEATS_MIN_WORK``), else None. A lookup is never run so
+    (gathering a table's row costs what gathering a result would), but its repeats are
+    recorded all the same: they are what makes the cells reading the lookups repeat."""
+    gate = sig.repeats
+    if gate is None:
+        gate = sig.repeats = RepeatGate()
+    if not gate.looks():
+        return None
+    found = repeated_lanes(g, sig, nodes)
+    gate.saw(found is not None)
+    if found is None or sig.op.row_gather:
+        return None
+    U = _lanes(len(found[0]), sig)
+    return found if (B - U) * sig.lane_work >= REPEATS_MIN_WORK else None
 
 
 @contextmanager

@@ -96,22 +96,35 @@ def _unique(xs):
     return tuple(out)
 
 
-def packet_offsets(sig, modes, B, gathered_outs: bool = False):
+def packet_offsets(sig, modes, B, gathered_outs: bool = False, distinct: int = 0):
     """Packet offsets of each output start (or, ``gathered_outs``, its B rows), value
-    argument and int argument."""
+    argument and int argument. With ``distinct`` lanes (a batch whose repeated lanes run
+    once: ``repeats.py``) the arguments have that many lanes, not B."""
+    return _offsets(sig, modes, B, gathered_outs, distinct)[:3]
+
+
+def _offsets(sig, modes, B, gathered_outs: bool = False, distinct: int = 0):
+    """``packet_offsets`` and where they end: the offset of a deduplicated batch's
+    number of distinct lanes, followed by its expansion (B lane -> distinct lane)."""
     per_out = B if gathered_outs else 1
+    lanes = distinct or B
     off = 1
     out_off = list(range(off, off + per_out * len(sig.out_akeys), per_out))
     off += per_out * len(sig.out_akeys)
     val_off = []
     for m in modes:
         val_off.append(off)
-        off += B if m == GATHER else 1
+        off += lanes if m == GATHER else 1
     int_off = []
     for _ in range(sig.n_ints):
         int_off.append(off)
-        off += B
-    return out_off, val_off, int_off
+        off += lanes
+    return out_off, val_off, int_off, off
+
+
+def _expansion(packet, end: int, B: int):
+    """A deduplicated batch's distinct lane of each of its B lanes (padding: lane 0)."""
+    return packet[end + 1:end + 1 + B]
 
 
 def _batched(sig, modes, B):
@@ -128,8 +141,9 @@ def _batched(sig, modes, B):
     return jax.vmap(single, in_axes=(axes, None, 0))
 
 
-def _lane_mask(packet, B, ndim):
-    mask = lax.iota(jnp.int32, B) < packet[0]
+def _lane_mask(count, B, ndim):
+    """Which of B lanes are real (the first ``count``), shaped to broadcast over ndim."""
+    mask = lax.iota(jnp.int32, B) < count
     return mask.reshape((B,) + (1,) * (ndim - 1))
 
 
@@ -143,7 +157,7 @@ def _read_cotangents(arenas_of, sig, out_off, packet, B, gathered: bool = False)
         else:
             ct = lax.dynamic_slice_in_dim(arenas_of(a), packet[out_off[j]], B, 0)
         if B > 1:
-            ct = jnp.where(_lane_mask(packet, B, ct.ndim), ct, 0)
+            ct = jnp.where(_lane_mask(packet[0], B, ct.ndim), ct, 0)
         cts.append(ct)
     return cts
 
@@ -181,9 +195,14 @@ def _trained_variant(sig, kind: str, modes: tuple, B: int, *rest):
     return None
 
 
-def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Kernel:
+def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None,
+                   distinct: int = 0) -> Kernel:
     """The cached forward kernel
     ``(write_arenas, read_arenas, params, packet) -> (write_arenas, residuals)``.
+
+    With ``distinct`` (a batch whose repeated lanes run once, ``repeats.py``) the op runs
+    on that many lanes, and its results are gathered into the B lanes' output rows by the
+    packet's expansion; the residuals are the distinct lanes'.
 
     With ``gflags`` (which value arguments need a gradient) it also returns the residuals of
     ``jax.vjp`` so the backward kernel need not recompute the forward pass (which costs as
@@ -194,21 +213,23 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
     each residual in a buffer of its own (``forward_run_kernel``).
     """
     sig = sig.family  # kernels close over no parameter (registry: a kernel family)
-    key = ("fwd", modes, B, gflags)
+    rest = (distinct,) if distinct else ()
+    key = ("fwd", modes, B, gflags) + rest
     k = sig.kernels.get(key)
     if k is not None:
         return k
     if gflags is None:
         # an evaluation forward (no gradient) reuses a compiled training variant if there is
         # one, ignoring its residuals, rather than compiling a residual-free twin
-        k = _trained_variant(sig, "fwd", modes, B)
+        k = _trained_variant(sig, "fwd", modes, B, *rest)
         if k is not None:
             sig.kernels[key] = k  # found once, not searched for again
             return k
-    out_off, val_off, int_off = packet_offsets(sig, modes, B)
+    out_off, val_off, int_off, end = _offsets(sig, modes, B, distinct=distinct)
+    L = distinct or B  # the lanes the op runs on
     w_akeys = _unique(sig.out_akeys)
     r_akeys = _unique(a for a in sig.in_akeys if a not in w_akeys)
-    batched = _batched(sig, modes, B)
+    batched = _batched(sig, modes, L)
     meta: dict = {}
 
     def kernel(warenas, rarenas, params, packet, pack=True):
@@ -217,8 +238,8 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
         # The barrier materialises the inputs before the arena is updated in place: otherwise
         # XLA fuses the reads into the writes' fusions, reads the buffer after it changed,
         # and must copy the whole arena (measured: 2 copies per call of an 8192x150 arena).
-        xs = lax.optimization_barrier(_read_inputs(arena_of, sig, modes, val_off, packet, B))
-        ints = tuple(packet[o:o + B] for o in int_off)
+        xs = lax.optimization_barrier(_read_inputs(arena_of, sig, modes, val_off, packet, L))
+        ints = tuple(packet[o:o + L] for o in int_off)
         saved = ()
         if gflags is None:
             outs = batched(tuple(xs), params, ints)
@@ -236,6 +257,9 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
                 saved, meta["packing"] = _pack(kept)
             else:
                 saved = tuple(kept)
+        if distinct:  # every lane's outputs, from the distinct lane it repeats
+            expand = _expansion(packet, end, B)
+            outs = tuple(o[expand] for o in outs)
         # Outputs sharing an arena occupy consecutive blocks of B rows (see the engine), so
         # each arena gets ONE in-place write: a chain of writes made XLA copy the arena.
         warenas = list(warenas)
@@ -246,8 +270,8 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None) -> Ke
                 warenas[w], block.astype(warenas[w].dtype), packet[out_off[js[0]]], 0)
         return tuple(warenas), saved
 
-    k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}", (0,), B * sig.lane_work),
-               w_akeys, r_akeys, meta, kernel)
+    name = f"{sig.op.name}_fwd_B{B}" + (f"_D{distinct}" if distinct else "")
+    k = Kernel(_jit(kernel, name, (0,), B * sig.lane_work), w_akeys, r_akeys, meta, kernel)
     sig.kernels[key] = k
     return k
 
@@ -291,7 +315,8 @@ def _unpack(buffers, items):
 
 def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
                     forward: Kernel | None = None, fresh: bool = False,
-                    param_grads: bool = True, gathered_outs: bool = False) -> Kernel:
+                    param_grads: bool = True, gathered_outs: bool = False,
+                    distinct: int = 0) -> Kernel:
     """The cached backward kernel
     ``(grad_arenas, param_grads, value_arenas, params, residuals, packet)
     -> (grad_arenas, param_grads)``.
@@ -310,31 +335,40 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     (``backward_run_kernel``). With ``gathered_outs`` the packet lists each output's rows
     (a batch of a backward plan, whose nodes' outputs are not one block). With
     ``packed=False`` ``saved`` holds the residuals unpacked, as a run stacks them.
+    With ``distinct`` (``forward_kernel``'s) the cotangents of lanes that repeat one
+    distinct lane are summed into it, the vjp runs on the distinct lanes, and each one's
+    input cotangent goes to the arguments of the first lane it stands for (the others'
+    get none: see ``repeats.py`` for why the sum is what every parameter needs).
     """
     sig = sig.family  # kernels close over no parameter (registry: a kernel family)
     key = ("bwd", modes, gflags, B, forward is not None, fresh, param_grads, gathered_outs)
+    key += (distinct,) if distinct else ()
     k = sig.kernels.get(key)
     if k is not None:
         return k
-    out_off, val_off, int_off = packet_offsets(sig, modes, B, gathered_outs)
+    out_off, val_off, int_off, end = _offsets(sig, modes, B, gathered_outs, distinct)
+    L = distinct or B  # the lanes the vjp runs on
     diff = [i for i, f in enumerate(gflags) if f]
     g_akeys = _unique(list(sig.out_akeys) + [sig.in_akeys[i] for i in diff])
     v_akeys = _unique(sig.in_akeys) if forward is None else ()
-    batched = _batched(sig, modes, B)
+    batched = _batched(sig, modes, L)
 
     def kernel(garenas, pgrads, varenas, params, saved, packet, packed=True):
-        ints = tuple(packet[o:o + B] for o in int_off)
+        ints = tuple(packet[o:o + L] for o in int_off)
         garenas = list(garenas)
         cts = _read_cotangents(lambda a: garenas[g_akeys.index(a)], sig, out_off, packet, B,
                                gathered_outs)
         cts = lax.optimization_barrier(cts)  # read before the in-place updates (see forward)
+        if distinct:  # each distinct lane's cotangent: the sum of its lanes' (padding's 0)
+            expand = _expansion(packet, end, B)
+            cts = [jnp.zeros((L,) + ct.shape[1:], ct.dtype).at[expand].add(ct) for ct in cts]
 
         if sig.op.row_gather:  # table[i]: scatter-add row cotangents into the table gradient
             return tuple(garenas), (pgrads[0].at[ints[0]].add(cts[0]),)
 
         if forward is None:
             xs = _read_inputs(lambda a: varenas[v_akeys.index(a)], sig, modes, val_off,
-                              packet, B)
+                              packet, L)
             _, vjp = _vjp(batched, xs, diff, params, ints)
         else:
             meta = forward.meta
@@ -351,10 +385,11 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
         for i, d in zip(diff, dxs):
             off = val_off[i]
             if modes[i] == GATHER:
-                idx = packet[off:off + B]
-                if B > 1:  # a padded lane (lane 0's inputs, a zero cotangent) adds 0 * J,
+                idx = packet[off:off + L]
+                if L > 1:  # a padded lane (lane 0's inputs, a zero cotangent) adds 0 * J,
                     # NaN where lane 0's derivative is infinite: it must add nothing
-                    d = jnp.where(_lane_mask(packet, B, d.ndim), d, 0)
+                    count = packet[end] if distinct else packet[0]
+                    d = jnp.where(_lane_mask(count, L, d.ndim), d, 0)
             else:
                 idx, d = packet[off:off + 1], d[None]
             updates.setdefault(g_akeys.index(sig.in_akeys[i]), []).append((idx, d))
@@ -368,7 +403,8 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
             return tuple(garenas), tuple(dps)
         return tuple(garenas), tuple(g + d for g, d in zip(pgrads, dps))
 
-    name = f"{sig.op.name}_bwd_B{B}{'_gathered' if gathered_outs else ''}"
+    name = (f"{sig.op.name}_bwd_B{B}{'_gathered' if gathered_outs else ''}"
+            + (f"_D{distinct}" if distinct else ""))
     k = Kernel(_jit(kernel, name, (0, 1), B * sig.lane_work), g_akeys, v_akeys, {},
                kernel)
     sig.kernels[key] = k

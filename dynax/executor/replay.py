@@ -13,6 +13,7 @@ values-only since. Only the ints are read again.
 """
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -56,16 +57,18 @@ class Replay(NamedTuple):
 
     def _steps(self, node_ints):
         for step in self.steps:
-            sig, modes, B, gflags, packet, nodes = step
+            sig, modes, B, gflags, packet, nodes, distinct = step
             if not sig.n_ints:
                 yield step
                 continue
             packet = list(packet)  # the rows; then the ints, B per int argument
             n = len(nodes)
-            for xs in zip(*map(node_ints.__getitem__, nodes)):
+            ints = list(map(node_ints.__getitem__, nodes))
+            for k in range(sig.n_ints):  # a column per int argument (see Engine._modes)
+                xs = list(map(itemgetter(k), ints))
                 packet += xs
                 packet += [xs[0]] * (B - n)
-            yield sig, modes, B, gflags, packet, nodes
+            yield sig, modes, B, gflags, packet, nodes, distinct
 
 
 class Recording:
@@ -88,12 +91,13 @@ class Recording:
         first, steps = self.first, []
         outside = set()
         node_vals = g.node_vals
-        for sig, modes, B, gflags, packet, nodes in self.steps:
+        for sig, modes, B, gflags, packet, nodes, distinct in self.steps:
+            assert not distinct, "a recorded pass runs no batch on its distinct lanes only"
             if first:
                 outside.update(v for nd in nodes for v in node_vals[nd] if v < first)
             packet = (packet[:len(packet) - sig.n_ints * B] if sig.n_ints
                       else np.asarray(packet, np.int32))
-            steps.append((sig, modes, B, gflags, packet, nodes))
+            steps.append((sig, modes, B, gflags, packet, nodes, distinct))
         outside = sorted(outside)
         return Replay(g.train, first, self.rows_before, self.val_row_before, self.val_rg,
                       outside, [g.val_row[v] for v in outside], [g.val_rg[v] for v in outside],

@@ -118,6 +118,10 @@ class ComputationGraph:
         self.val_depth: list = []  # depth of its producer, 0 for a constant
         self.val_row: list = []  # arena row once computed (extended lazily by the executor)
         self.pending_consts: list = []  # (value id, host array) not yet in an arena
+        self.same: dict = {}  # value id -> an earlier value known equal (executor/repeats.py)
+        # (loss value, batches) of the last backward pass, where it merged the cotangents of
+        # repeated lanes: some values' own cotangents were not kept (Engine.gradient)
+        self.merged = None
         self.node_site: dict = {}  # node -> user file:line (check_validity mode only)
         self.values_at_backward = 0  # values built before the last backward pass
         self.full_backward = False  # whether that pass kept every value's gradient
@@ -333,7 +337,8 @@ class ComputationGraph:
         dropped = tuple(getattr(self, name) for name in _PER_NODE_LISTS)
         for name in _PER_NODE_LISTS:
             setattr(self, name, [])
-        self.node_site, self.frozen_params, self.rows = {}, {}, {}
+        self.node_site, self.frozen_params, self.rows, self.same = {}, {}, {}, {}
+        self.merged = None
         self.zero_consts, self.scalar_consts = {}, {}
         self.litter = ()  # its predecessor's, if no read waited to drop them
         return dropped

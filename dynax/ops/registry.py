@@ -112,7 +112,8 @@ class Signature:
 
     __slots__ = ("sid", "op", "kinds", "statics", "params", "param_pos", "in_akeys",
                  "out_akeys", "multi", "bounds", "n_ints", "kernels", "has_params",
-                 "values_only", "family", "param_elements", "lane_work", "__weakref__")
+                 "values_only", "family", "param_elements", "lane_work", "repeats",
+                 "__weakref__")
 
     def __init__(self, sid, op, kinds, statics, params, param_pos, in_akeys, out_akeys,
                  multi, bounds):
@@ -137,6 +138,7 @@ class Signature:
         # why its forward cannot save vjp residuals (a callback without a JVP rule), or '':
         # training graphs run it values-only, and a backward that needs it says it cannot
         self.values_only = ""
+        self.repeats = None  # the executor's RepeatGate (executor/repeats.py), made on use
 
     def __repr__(self):
         return f"Signature({self.op.name}, {self.kinds}, sid={self.sid})"

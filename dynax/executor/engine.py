@@ -485,6 +485,7 @@ class Engine:
             return sig, modes, B, gflags, packet, nodes, 0
         lanes, expand = found
         U = _lanes(len(lanes), sig)
+        g.n_repeated_lanes += n - len(lanes)
         _add_arguments(packet, g, sig, modes, [[rows[i] for i in lanes] for rows in all_rows],
                        U, [nodes[i] for i in lanes])
         packet.append(len(lanes))
@@ -931,12 +932,13 @@ class Engine:
         try:
             self.backward(g, loss)
         except StaleExpressionError as e:
+            what = str(e).split(";")[0].removeprefix("backward: ")
             raise StaleExpressionError(
-                "gradient: the last backward pass summed the gradients of lanes that "
-                "computed the same thing (an expression and its repeats), and giving this "
-                "expression its own needs that pass again, with the parameters as they "
-                f"were; {e}. Read gradient() before changing parameters, or call "
-                "backward(full=True), which keeps every expression's own") from None
+                "gradient: the last backward pass ran lanes repeating one computation once "
+                "and summed their gradients, so this expression's own gradient needs that "
+                f"pass again with the parameters it ran with, but {what}. Read gradient() "
+                "before changing parameters, or call backward(full=True), which keeps "
+                "every expression's own gradient") from None
         finally:
             self.early, self.merge_repeats = None, True
             self.search_ahead, g.n_backward_batches = search_ahead, n_batches

@@ -143,6 +143,7 @@ class ComputationGraph:
         self.n_launches = 0  # forward kernel launches (a fused run of batches is one)
         self.n_plans_reused = 0  # forwards whose plan came from the executor's plan cache
         self.n_replayed = 0  # ... whose batches were prepared as last time (executor/replay.py)
+        self.n_repeated_lanes = 0  # lanes run once for the lanes repeating them (repeats.py)
         self.executables = 0  # backend compilations this graph's work caused, loads included
         self.cache_loads = 0  # ... of which loaded from the persistent compilation cache
         self.seconds = {"build": 0.0, "schedule": 0.0, "forward": 0.0, "backward": 0.0}
@@ -431,7 +432,9 @@ class ComputationGraph:
         that replayed the rows and packets prepared the last time the plan ran),
         backward_batches (the batches whose backward kernel ran: of the forward's, or of a
         new plan where the forward ran in many narrow passes, ``Engine._backward_plan``;
-        batches no loss depends on are skipped) and seconds per phase."""
+        batches no loss depends on are skipped), repeated_lanes (nodes whose computation
+        repeated another's in their batch, computed once for both: ``executor/repeats.py``)
+        and seconds per phase."""
         nodes, values = ((len(self.node_sig), len(self.val_node)) if self.alive
                          else self.retired_sizes)
         return {"nodes": nodes, "values": values,
@@ -440,6 +443,7 @@ class ComputationGraph:
                 "launches": self.n_launches, "plans_reused": self.n_plans_reused,
                 "plans_replayed": self.n_replayed,
                 "backward_batches": self.n_backward_batches,
+                "repeated_lanes": self.n_repeated_lanes,
                 "seconds": dict(self.seconds)}
 
 

@@ -49,7 +49,7 @@ BACKWARD_WHILE_WAITING = True  # a training loop's backward runs as its loss is 
 RUN_MIN_STEPS = 4  # the smallest run kernel: up to this many steps (see _launches)
 FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
 RUN_REPEATS_ONCE = True  # lanes repeating another lane's computation run once (repeats.py)
-REPEATS_MIN_WORK = 1 << 16  # lanes saved x a lane's work (elements), at least, to do so
+REPEATS_MIN_WORK = 1 << 22  # lanes saved x a lane's work (elements), at least, to do so
 REPLAN_MAX_LANES = 4  # forward batches this narrow on average: backward may plan again
 COARSE_MAX_WORK = 1 << 16  # padded lanes x a lane's work (elements), at most, for the
 # coarse ladder (_lanes): its padding then costs ~10 us at worst
@@ -996,11 +996,11 @@ def _repeats(g, sig, nodes, B: int):
     if not gate.looks():
         return None
     found = repeated_lanes(g, sig, nodes)
+    if found is not None and not sig.op.row_gather \
+            and (B - _lanes(len(found[0]), sig)) * sig.lane_work < REPEATS_MIN_WORK:
+        found = None  # too little to save: such batches are looked at less and less often
     gate.saw(found is not None)
-    if found is None or sig.op.row_gather:
-        return None
-    U = _lanes(len(found[0]), sig)
-    return found if (B - U) * sig.lane_work >= REPEATS_MIN_WORK else None
+    return None if sig.op.row_gather else found
 
 
 @contextmanager

@@ -32,6 +32,7 @@ def every_repeat_runs_once(monkeypatch):
     monkeypatch.setattr(engine, "REPEATS_MIN_WORK", 1)
     for sig in live_signatures():  # gates are per (interned) signature: start open
         sig.repeats = None
+    dx.renew_cg().engine.dry_passes = 0  # as if the last pass had run repeats once
 
 
 @dx.function
@@ -232,3 +233,26 @@ def test_the_gate_backs_off_where_nothing_repeats():
     gate.skip = 0
     gate.saw(True)
     assert gate.looks() and gate.looks()  # a batch with repeats: look at the next again
+
+
+def test_lookups_are_looked_at_while_repeats_run_once(monkeypatch):
+    """A tagger's lookups repeat in every graph and its cells hardly ever: once forward
+    passes stop running batches on their distinct lanes, its lookups' gate backs off."""
+    pc, E, W, b, U, c = _model()
+    lookup_sig = None
+
+    def graph(k):  # graphs of different shapes: a reused plan is replayed, looks at nothing
+        nonlocal lookup_sig
+        cg = dx.renew_cg()
+        xs = [E[w] for ws in TREES[:k] for w in ws]
+        dx.esum([dx.sum_elems(_leaf(x, W, b)) for x in xs]).value()
+        lookup_sig = cg.node_sig[cg.val_node[xs[0].v]]
+        return cg
+
+    assert graph(6).stats()["repeated_lanes"] > 0  # the leaves
+    assert lookup_sig.repeats.misses == 0
+    monkeypatch.setattr(engine, "REPEATS_MIN_WORK", 1 << 40)  # nothing worth running once
+    assert graph(5).stats()["repeated_lanes"] == 0
+    assert lookup_sig.repeats.misses == 0  # the pass before ran repeats once
+    graph(4)
+    assert lookup_sig.repeats.misses == 1 and lookup_sig.repeats.skip == 1

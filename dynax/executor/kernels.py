@@ -10,7 +10,9 @@ offsets or row lists, integer data such as labels — travels in ONE int32 *pack
 
 (A backward pass that plans the graph again, ``Engine._backward_plan``, reads output
 cotangents of nodes computed in different forward batches: its packets have B rows per
-output instead of a start, ``gathered_outs``.)
+output instead of a start, ``gathered_outs``. A batch whose repeated lanes run once,
+``repeats.py``, has its D distinct lanes' arguments, padded to ``distinct``, and ends with
+``[D, B expansion entries]``: the distinct lane of each lane.)
 
 Batches are padded to a size B from a short ladder (``buckets.py``), so the kernel cache key
 is (modes, B) per signature and compilations stay bounded however the data varies. Padded

@@ -256,3 +256,54 @@ def test_lookups_are_looked_at_while_repeats_run_once(monkeypatch):
     assert lookup_sig.repeats.misses == 0  # the pass before ran repeats once
     graph(4)
     assert lookup_sig.repeats.misses == 1 and lookup_sig.repeats.skip == 1
+
+
+@pytest.mark.parametrize("strategy", ("depth", "agenda"))
+def test_a_training_loop_matches_none(strategy):
+    """The user's loop: read the loss (its backward pass may run while the read waits,
+    ``early.py``), backward, update; graphs of new shapes and a recurring one (its plan
+    reused, then replayed: no lane looked at there). Parameters after the loop as with
+    ``autobatch="none"``."""
+    data = [TREES, TREES[:4], TREES, TREES[1:], TREES]
+
+    def train(autobatch):
+        pc, *params = _model()
+        trainer = dx.Trainer(pc, optax.sgd(0.05))
+        losses, replayed = [], 0
+        for trees in data:
+            cg = dx.renew_cg(autobatch=autobatch)
+            loss = _build(*params, trees=trees)[0]
+            losses.append(loss.value())
+            loss.backward()
+            trainer.update()
+            replayed += cg.stats()["plans_replayed"]
+        return losses, [np.asarray(p.value) for p in params], replayed
+
+    want_losses, want_params, _ = train("none")
+    losses, got_params, replayed = train(strategy)
+    assert replayed  # the third TREES graph replays its plan
+    np.testing.assert_allclose(losses, want_losses, **TOL)
+    for got, want in zip(got_params, want_params):
+        np.testing.assert_allclose(got, want, **TOL)
+
+
+@pytest.mark.parametrize("strategy", ("depth", "agenda"))
+def test_values_known_equal_in_an_earlier_forward_pass(strategy):
+    """A graph computed in two forward passes (a value read in between): the second
+    pass's cells repeat by the lookups of the first."""
+    pc, *params = _model()
+    E, W, b, U, c = params
+    cg = dx.renew_cg(autobatch=strategy)
+    xs = [E[w] for ws in TREES for w in ws]
+    dx.esum([dx.sum_elems(x) for x in xs]).value()  # first pass: the lookups
+    hs = [_leaf(x, W, b) for x in xs]
+    loss = dx.esum([dx.sum_elems(h * h) for h in hs])
+    loss.backward()
+    assert cg.stats()["repeated_lanes"] >= 14  # 18 leaves of 4 words
+
+    def ref(W, b):
+        return sum(jnp.sum(jnp.tanh(W @ E.value[w] + b) ** 2) for ws in TREES for w in ws)
+    want = jax.grad(ref, argnums=(0, 1))(W.value, b.value)
+    np.testing.assert_allclose(loss.value(), ref(W.value, b.value), **TOL)
+    for p, w in zip((W, b), want):
+        np.testing.assert_allclose(np.asarray(p.grad), np.asarray(w), **TOL)

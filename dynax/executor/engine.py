@@ -778,7 +778,7 @@ class Engine:
             with _noting_backward(batch):  # e.g. a dx.function JAX cannot differentiate
                 self._backward_batch(g, grads, batch, launch, ahead)
         if merged:
-            g.merged = (v, merged)
+            g.merged = (v, merged, None)  # the values upstream: found when first needed
         # kept as they are for Expression.gradient(), and cleared when the next pass takes
         # them (a bucketed row count, so that the same step next compiles nothing)
         for a, arr in grads.items():
@@ -944,7 +944,7 @@ class Engine:
         None if that pass was not ``g``'s."""
         if self.last_grads is None or self.last_grads[0] is not g:
             return None
-        if g.merged is not None and _upstream_of(g, v, g.merged[1]):
+        if g.merged is not None and v in _upstream_of_merges(g):
             self._exact_gradients(g)
         arena = self.last_grads[1][g.val_akey[v]]  # every arena of g's values has one
         # the caller's own copy, writable, as npvalue()
@@ -972,21 +972,22 @@ class Engine:
             self.search_ahead, g.n_backward_batches = search_ahead, n_batches
 
 
-def _upstream_of(g, v: int, batches) -> bool:
-    """Whether value ``v`` is a value argument of the ``batches`` (those whose repeated
-    lanes a backward pass merged) or upstream of one: its cotangent in that pass is not
-    its own (``repeats.py``)."""
-    todo = [w for b in batches for nd in b.nodes for w in g.node_vals[nd]]
-    seen = set()
-    while todo:
-        w = todo.pop()
-        if w == v:
-            return True
-        if w not in seen:
-            seen.add(w)
-            if (nd := g.val_node[w]) >= 0:
-                todo.extend(g.node_vals[nd])
-    return False
+def _upstream_of_merges(g) -> set:
+    """The values whose cotangent in ``g``'s last backward pass is not their own
+    (``repeats.py``): the value arguments of the batches whose repeated lanes it merged,
+    and every value upstream of them. Found once per pass (``g.merged`` keeps them)."""
+    loss, batches, upstream = g.merged
+    if upstream is None:
+        todo = [w for b in batches for nd in b.nodes for w in g.node_vals[nd]]
+        upstream = set()
+        while todo:
+            w = todo.pop()
+            if w not in upstream:
+                upstream.add(w)
+                if (nd := g.val_node[w]) >= 0:
+                    todo.extend(g.node_vals[nd])
+        g.merged = (loss, batches, upstream)
+    return upstream
 
 
 def _compiles_first(launch) -> bool:

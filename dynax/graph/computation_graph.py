@@ -119,8 +119,9 @@ class ComputationGraph:
         self.val_row: list = []  # arena row once computed (extended lazily by the executor)
         self.pending_consts: list = []  # (value id, host array) not yet in an arena
         self.same: dict = {}  # value id -> an earlier value known equal (executor/repeats.py)
-        # (loss value, batches) of the last backward pass, where it merged the cotangents of
-        # repeated lanes: some values' own cotangents were not kept (Engine.gradient)
+        # (loss value, batches, values upstream of them or None) of the last backward pass,
+        # where it merged the cotangents of repeated lanes: those values' own cotangents
+        # were not kept (Engine.gradient)
         self.merged = None
         self.node_site: dict = {}  # node -> user file:line (check_validity mode only)
         self.values_at_backward = 0  # values built before the last backward pass

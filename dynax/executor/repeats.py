@@ -33,9 +33,10 @@ MAX_SKIP = 64  # batches of a signature not looked at, at most, after one withou
 
 class RepeatGate:
     """Per signature: whether to look for repeats in its next batch. Looking costs about
-    0.3 us a lane, so after a batch without repeats the signature's next 1, 3, 7, ...
-    batches (at most ``MAX_SKIP``) are not looked at; a batch with repeats resets that
-    (the LSTM steps of a tagger repeat at the first word, hardly after it)."""
+    0.1 us a lane, so after a batch without repeats worth running once
+    (``Engine._repeats``) the signature's next 1, 3, 7, ... batches (at most
+    ``MAX_SKIP``) are not looked at; a batch with such repeats resets that (an RNN LM's
+    steps repeat at the first word, where every sentence reads ``<s>``, hardly after)."""
 
     __slots__ = ("misses", "skip")
 

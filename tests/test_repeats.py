@@ -27,7 +27,7 @@ TREES = [[1, 2, 1, 3], [1, 2, 2], [3, 5, 1, 2], [1, 2], [1, 2, 5], [2, 1]]  # (1
 @pytest.fixture(autouse=True)
 def every_repeat_runs_once(monkeypatch):
     """Small cells: run every batch with repeats on its distinct lanes, however little
-    that saves (the default asks for 64k elements of work saved), and look at every batch
+    that saves (the default asks for 4M elements of work saved), and look at every batch
     (an earlier test's batches without repeats made the gates skip some)."""
     monkeypatch.setattr(engine, "REPEATS_MIN_WORK", 1)
     for sig in live_signatures():  # gates are per (interned) signature: start open

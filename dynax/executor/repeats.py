@@ -45,7 +45,7 @@ class RepeatGate:
         self.skip = 0  # batches still to skip
 
     def looks(self) -> bool:
-        if self.skip:
+        if self.skip > 0:  # signatures are shared by threads: a race may take it below 0
             self.skip -= 1
             return False
         return True

@@ -434,8 +434,8 @@ class ComputationGraph:
         backward_batches (the batches whose backward kernel ran: of the forward's, or of a
         new plan where the forward ran in many narrow passes, ``Engine._backward_plan``;
         batches no loss depends on are skipped), repeated_lanes (nodes whose computation
-        repeated another's in their batch, computed once for both: ``executor/repeats.py``)
-        and seconds per phase."""
+        repeated another's in their batch, computed once for them all:
+        ``executor/repeats.py``) and seconds per phase."""
         nodes, values = ((len(self.node_sig), len(self.val_node)) if self.alive
                          else self.retired_sizes)
         return {"nodes": nodes, "values": values,

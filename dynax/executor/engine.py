@@ -123,6 +123,15 @@ def _grad_flags(g, sig, nodes):
     return tuple(any(rg[node_vals[nd][k]] for nd in nodes) for k in range(len(sig.in_akeys)))
 
 
+def _batch_grad_flags(g, sig, nodes):
+    """The gradient flags a batch records (``_grad_flags``): None in an evaluation graph,
+    for a lookup (its backward scatters row cotangents, no vjp) and for a signature that
+    runs values-only."""
+    if not g.train or sig.op.row_gather or sig.values_only:
+        return None
+    return _grad_flags(g, sig, nodes)
+
+
 def _params_of_one_batch(batches) -> set:
     """The parameters that exactly one of the executed batches uses."""
     seen, twice = set(), set()
@@ -466,8 +475,7 @@ class Engine:
         n = len(nodes)
         B = _lanes(n, sig)
         # where a gradient may flow, the forward kernel also saves the vjp residuals
-        gflags = (_grad_flags(g, sig, nodes)
-                  if g.train and not sig.op.row_gather and not sig.values_only else None)
+        gflags = _batch_grad_flags(g, sig, nodes)
         modes, all_rows = self._modes(g, sig, nodes)
         found = self._repeats(g, sig, nodes, B) if repeats and n > 1 else None
         # the packet: [n, output starts, per value arg (B rows | 1 row), per int arg (B ints)]
@@ -734,8 +742,7 @@ class Engine:
             packet += rows
             packet += [rows[0]] * (B - len(nodes))
         _add_arguments(packet, g, sig, modes, all_rows, B, nodes)
-        gflags = (_grad_flags(g, sig, nodes)
-                  if g.train and not sig.op.row_gather and not sig.values_only else None)
+        gflags = _batch_grad_flags(g, sig, nodes)
         if param_values is None:
             param_values = tuple(p._value for p in sig.params)
         return Batch(sig, modes, B, np.asarray(packet, np.int32), nodes, gflags, None, (),

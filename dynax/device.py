@@ -98,6 +98,12 @@ def set_xla_thread_nice(levels: int) -> None:
     parser 8-11% less time per update; Tree-LSTM, RNN LM and synthetic BiLSTM, whose
     kernels are the critical path, within noise; hand-batched JAX steps within noise
     (-6% to +7%). Niced with them, XLA's other threads (unnamed) made it worse.
+    Higher levels favour the Python thread more, at the kernels' cost (session 54, 5 / 10
+    / 19 alternated): tagger 1-10% and parser 5% faster at 10; the Tree-LSTM's median
+    update -1 to +5% at 10 and +4 to +10% at 19, but some updates stall as kernel threads
+    starve (its mean 15-18% slower in 2 of 3 runs at 19, once at 10); synthetic BiLSTM
+    8-13% slower. A model whose Python work bounds each update may gain from 10; one
+    whose kernels do loses.
     With more cores than threads it changes nothing. Linux only: elsewhere, or where XLA
     does not name its threads ``tf_XLAEigen``, nothing is changed.
 

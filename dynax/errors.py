@@ -21,6 +21,10 @@ class StaleExpressionError(_AtUserSite, DynaxError, RuntimeError):
     """An expression of a graph that ``dx.renew_cg`` has since replaced was used, or a
     backward pass would run through values computed with parameters changed since."""
 
+    def __init__(self, message: str = "", reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason  # the cause alone, for a caller that words its own error
+
 
 class ShapeError(_AtUserSite, DynaxError, ValueError):
     """The shapes given to an operation do not fit together."""

@@ -171,9 +171,10 @@ class Engine:
             return
         if self.device is not None:
             if g.computed:
+                reason = (f"this graph computed values on {self.device}, and dx.set_device "
+                          f"has selected {device} since")
                 raise StaleExpressionError(
-                    f"this graph computed values on {self.device}, and dx.set_device has "
-                    f"selected {device} since; start a new graph with dx.renew_cg()")
+                    f"{reason}; start a new graph with dx.renew_cg()", reason)
             self.release_memory()
         self.device = device
         if device.platform == "cpu":  # the Python thread gets a core when it has work
@@ -967,7 +968,7 @@ class Engine:
         try:
             self.backward(g, loss)
         except StaleExpressionError as e:
-            what = str(e).split(";")[0].removeprefix("backward: ")
+            what = e.reason or str(e)
             raise StaleExpressionError(
                 "gradient: the last backward pass ran lanes repeating one computation once "
                 "and summed their gradients, so this expression's own gradient needs that "
@@ -1077,12 +1078,13 @@ def _check_backward_possible(g, loss_node: int, live, full: bool) -> None:
                 "function a jax.custom_jvp")
         changed = [p for p, v in zip(b.sig.params, b.param_values) if p._value is not v]
         if changed and any(_needed(b.nodes, loss_node, live)):
+            reason = (f"parameter {changed[0].name} changed (set_value, populate or a trainer "
+                      f"update) after this graph computed '{b.sig.op.name}' with it, and the "
+                      "loss depends on that")
             raise StaleExpressionError(
-                f"backward: parameter {changed[0].name} changed (set_value, populate or a "
-                f"trainer update) after this graph computed '{b.sig.op.name}' with it, and "
-                "the loss depends on that; its gradient would mix the old and the new "
-                "values. Call backward() before changing parameters, or build the graph "
-                "again (dx.renew_cg())")
+                f"backward: {reason}; its gradient would mix the old and the new values. "
+                "Call backward() before changing parameters, or build the graph again "
+                "(dx.renew_cg())", reason)
 
 
 def _needed(nodes, loss_node: int, live) -> list:

@@ -198,3 +198,122 @@ def test_a_function_with_numpy_integers_takes_its_typed_appender(monkeypatch):
     static = _scaled_row(x, W, 2)  # a Python int: a static, another signature
     assert cg.node_sig[cg.val_node[static.v]].kinds == "vps"
     np.testing.assert_allclose(static.value(), want[2], rtol=1e-5)
+
+
+# ---- chains: a recurrence's steps appended together (append_chain) ----------------------------
+
+@dx.function
+def _step(x, h, W):
+    return jnp.tanh(W @ x + h)
+
+
+def _chain_records(monkeypatch, build, chained: bool):
+    """The records of ``build()``'s graph with BiRNN steps appended as chains, or (not
+    ``chained``) node by node through ``append_node``, as before chains existed."""
+    from dynax.graph import appenders
+    if chained:  # every chain goes in whole: none falls back to appending node by node
+        monkeypatch.setattr(appenders, "_chain_node_by_node", None)
+    else:
+        monkeypatch.setattr(appenders, "_chain_fits", lambda *a: False)
+    cg = dx.renew_cg(seed=3)
+    build()
+    monkeypatch.undo()
+    return _records(cg) | {"stop_nodes": list(cg.stop_nodes)}
+
+
+@pytest.mark.parametrize("builder", ["LSTMBuilder", "GRUBuilder", "SimpleRNNBuilder",
+                                     "CoupledLSTMBuilder", "VanillaLSTMBuilder"])
+@pytest.mark.parametrize("layers,dropout", [(1, 0.0), (2, 0.0), (2, 0.3)])
+def test_birnn_chains_record_what_node_by_node_appending_records(monkeypatch, builder,
+                                                                  layers, dropout):
+    pc = dx.ParameterCollection(seed=1)
+    bi = dx.nn.BiRNNBuilder(layers, 4, 6, pc, getattr(dx.nn, builder))
+    bi.set_dropout(dropout)
+    lookup = pc.add_lookup_parameters((20, 4), name="E")
+
+    def build():
+        for n in (1, 2, 7):
+            xs = [lookup[(3 * i + n) % 20] for i in range(n)]
+            outs = bi.transduce(xs)
+            dx.esum([dx.sum_elems(o) for o in outs])
+
+    chained = _chain_records(monkeypatch, build, True)
+    assert chained == _chain_records(monkeypatch, build, False)
+    assert len(chained["node_sig"]) > 20
+
+
+def test_birnn_chain_values_and_gradients_equal_the_unbatched_reference():
+    pc = dx.ParameterCollection(seed=2)
+    bi = dx.nn.BiRNNBuilder(2, 3, 4, pc, dx.nn.LSTMBuilder)
+    data = [np.random.default_rng(i).normal(size=(n, 3)).astype(np.float32)
+            for i, n in enumerate((5, 2, 9))]
+    got = {}
+    for strategy in ("none", "depth", "agenda"):
+        dx.renew_cg(autobatch=strategy)
+        loss = dx.esum([dx.sum_elems(dx.cmult(o, o)) for d in data
+                        for o in bi.transduce([dx.inputTensor(row) for row in d])])
+        value = loss.value()
+        loss.backward()
+        got[strategy] = (value, [np.array(p.grad_as_array()) for p in pc.parameters()])
+        for p in pc.parameters():
+            p.zero_grad()
+    for strategy in ("depth", "agenda"):
+        np.testing.assert_allclose(got[strategy][0], got["none"][0], rtol=1e-5)
+        for a, b in zip(got[strategy][1], got["none"][1]):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _append_chain_of_steps(xs, h0):
+    from dynax.graph.appenders import append_chain
+    from dynax.graph.computation_graph import current_graph
+    g = current_graph()
+    firsts = append_chain(g, _step.op, "vvp", (xs[0], h0, W), {0: xs}, {1: 0}, len(xs))
+    return g, firsts
+
+
+def test_append_chain_reads_each_steps_output_and_matches_a_python_loop():
+    dx.renew_cg()
+    xs = [E[i] for i in range(5)]
+    h0 = dx.zeros((4,))
+    g, firsts = _append_chain_of_steps(xs, h0)
+    assert [g.node_vals[g.val_node[v]][1] for v in firsts[1:]] == firsts[:-1]
+    chained = [np.asarray(dx.Expression(g, v).value()) for v in firsts]
+    h, want = h0, []
+    for x in xs:
+        h = _step(x, h, W)
+        want.append(np.asarray(h.value()))
+    np.testing.assert_allclose(chained, want, rtol=1e-6)
+
+
+def test_append_chain_defers_to_the_general_path_for_a_foreign_or_misshapen_step():
+    dx.renew_cg()
+    stale = E[0]
+    dx.renew_cg()
+    xs = [E[i] for i in range(3)]
+    with pytest.raises(dx.StaleExpressionError, match="_step"):  # as append_node raises it
+        _append_chain_of_steps(xs + [stale], dx.zeros((4,)))
+    with pytest.raises(ValueError, match="_step"):  # the op's shape error, as append_node's
+        _append_chain_of_steps(xs + [dx.zeros((5,))], dx.zeros((4,)))
+
+
+def test_a_failed_birnn_chain_leaves_the_graph_as_it_was():
+    pc = dx.ParameterCollection(seed=4)
+    bi = dx.nn.BiRNNBuilder(1, 4, 6, pc, dx.nn.LSTMBuilder)
+    dx.renew_cg()
+    stale = E[0]
+    g = dx.renew_cg()
+    xs = [E[i] for i in range(4)]
+    bads = (stale, dx.zeros((5,)))
+    before = _records(g)
+    for bad in bads:
+        with pytest.raises((dx.StaleExpressionError, ValueError), match="BiRNNBuilder"):
+            bi.add_inputs(xs + [bad])
+        assert _records(g) == before
+
+
+def test_append_chain_in_immediate_mode_computes_every_step():
+    dx.renew_cg(immediate_compute=True)
+    xs = [E[i] for i in range(3)]
+    g, firsts = _append_chain_of_steps(xs, dx.zeros((4,)))
+    assert g.computed == len(g.node_sig)  # each node ran as it was appended
+    assert len(firsts) == 3

@@ -283,7 +283,10 @@ def test_a_training_loop_matches_none(strategy):
     want_losses, want_params, _ = train("none")
     losses, got_params, replayed = train(strategy)
     assert replayed  # the last graph replays its plan
-    np.testing.assert_allclose(losses, want_losses, **TOL)
+    # a loss sums per-tree terms of either sign of up to a few units, so one near 0.3 carries
+    # their rounding (a machine on which it was 5.8e-6 off, every parameter within 1e-6 of
+    # its largest value; the same on the commit before this tolerance)
+    np.testing.assert_allclose(losses, want_losses, rtol=TOL["rtol"], atol=1e-5)
     for got, want in zip(got_params, want_params):
         np.testing.assert_allclose(got, want, **TOL)
 

@@ -8,10 +8,6 @@ key, reads producer depths, appends the node and returns its Expression(s). Anyt
 unusual (a stale argument, a new signature, an index to check the slow way, validity or
 immediate mode) takes the general ``add_node`` path, which checks, raises, and changes
 nothing on failure; so the generated code never needs to report an error itself.
-
-``append_chain`` does the same for a recurrence's steps (a BiRNN over a sentence): after
-the first step, the others have its signature where their shapes match, so they go in as
-one block.
 """
 from __future__ import annotations
 
@@ -29,121 +25,6 @@ def append_node(g, op, kinds: str, args):
         op.appenders[kinds] = _generate(op, kinds, len(sig.out_akeys), sig.multi)
         return _computed_if_immediate(g, wrap(g, v, sig))
     return fn(g, args)
-
-
-def append_chain(g, op, kinds: str, first, cols: dict, carry: dict, n: int) -> list[int]:
-    """Append ``n`` nodes of ``op``, each reading the one before (a recurrence); the first
-    output value id of each.
-
-    Node 0 reads ``first``. Node t > 0 reads the same arguments except at the positions of
-    ``cols`` (``{position: n Expressions}``, item t for node t) and of ``carry``
-    (``{position: j}``: output j of node t-1). Node 0 is appended as any node is, which
-    checks it and finds its signature; the others then share that signature where their
-    arguments have the same shapes, and go in with one loop (``_chain_step``) and a few
-    list extensions instead of an ``append_node`` each, which builds and hashes a key for a
-    signature already known. The BiLSTM tagger's graph build took 19% less time for it
-    (one process, alternated; its Python thread 10-12% less per update). Anything unusual
-    (a checked graph, an Expression of another graph, another shape) appends node by node,
-    as ``append_node`` would, so errors and their messages are the same."""
-    out = append_node(g, op, kinds, first)
-    firsts = [(out[0] if isinstance(out, tuple) else out).v]
-    if n == 1:
-        return firsts
-    node0 = len(g.node_sig) - 1
-    sig = g.node_sig[node0]
-    # each later node reads the one before, so it needs a gradient where node 0 does
-    rg = sig.has_params or g.val_rg[firsts[0]]
-    if g.checked_path or not rg or not _chain_fits(g, kinds, first, cols, carry):
-        return _chain_node_by_node(g, op, kinds, first, cols, carry, n, firsts)
-    step = _chain_step(kinds, tuple(cols), tuple(carry.items()))
-    got = step(g, first, tuple(cols.values()), n, firsts[0], len(sig.out_akeys),
-               g.node_depth[node0])
-    if got is None:  # an argument of another graph or shape: the general path says which
-        return _chain_node_by_node(g, op, kinds, first, cols, carry, n, firsts)
-    vals, depths = got
-    m, rest = len(sig.out_akeys), n - 1
-    node, out0 = node0 + 1, firsts[0] + m
-    g.node_sig.extend([sig] * rest)
-    g.node_vals.extend(vals)
-    g.node_ints.extend([g.node_ints[node0]] * rest)
-    g.node_depth.extend(depths)
-    g.node_out.extend(range(out0, out0 + m * rest, m))
-    if op.stops_gradient:
-        g.stop_nodes.extend(range(node, node + rest))
-    g.val_node.extend([nd for nd in range(node, node + rest) for _ in range(m)])
-    g.val_akey.extend(sig.out_akeys * rest)
-    g.val_depth.extend([d for d in depths for _ in range(m)])
-    g.val_rg.extend([True] * (m * rest))
-    firsts.extend(range(out0, out0 + m * rest, m))
-    return firsts
-
-
-def _chain_fits(g, kinds, first, cols, carry) -> bool:
-    """Whether ``append_chain``'s later nodes can share node 0's signature: the carried
-    outputs (at least one: each node reads the one before) have the shapes node 0 read at
-    their positions, and only value arguments vary."""
-    if not carry or any(kinds[p] != "v" for p in cols):
-        return False
-    outs, ak = g.node_sig[-1].out_akeys, g.val_akey
-    return all(kinds[p] == "v" and j < len(outs) and outs[j] == ak[first[p].v]
-               for p, j in carry.items())
-
-
-def _chain_node_by_node(g, op, kinds, first, cols, carry, n, firsts):
-    """``append_chain``'s nodes 1..n-1 one ``append_node`` at a time (its general path)."""
-    args = list(first)
-    for t in range(1, n):
-        for p, col in cols.items():
-            args[p] = col[t]
-        for p, j in carry.items():
-            args[p] = Expression(g, firsts[-1] + j)
-        out = append_node(g, op, kinds, tuple(args))
-        firsts.append((out[0] if isinstance(out, tuple) else out).v)
-    return firsts
-
-
-_CHAIN_STEPS: dict = {}  # (kinds, column positions, carried positions) -> generated loop
-
-
-def _chain_step(kinds: str, col_pos: tuple, carry_items: tuple):
-    """The loop of ``append_chain`` for one argument pattern, generated as ``_generate``
-    does for single nodes: per node t > 0 its value-id tuple and depth, or None where a
-    column's Expression is of another graph or another shape than node 0's."""
-    key = (kinds, col_pos, carry_items)
-    fn = _CHAIN_STEPS.get(key)
-    if fn is not None:
-        return fn
-    carried = dict(carry_items)
-    cols = {p: c for c, p in enumerate(col_pos)}
-    vpos = [i for i, k in enumerate(kinds) if k == "v"]
-    fixed = [i for i in vpos if i not in cols and i not in carried]
-    item = {p: f"x{cols[p]}" if p in cols else f"p + {carried[p]}" if p in carried else f"f{p}"
-            for p in vpos}
-    lines = ["def step(g, first, cols, n, p, m, d):",
-             "    ak, vd = g.val_akey, g.val_depth"]
-    lines += [f"    f{i} = first[{i}].v" for i in fixed]
-    lines += [f"    c{c} = cols[{c}]" for c in range(len(col_pos))]
-    lines += [f"    a{c} = ak[first[{p}].v]" for p, c in cols.items()]
-    lines.append("    dfix = 0")  # the deepest of the arguments every node reads
-    lines += [f"    if vd[f{i}] > dfix: dfix = vd[f{i}]" for i in fixed]
-    lines += ["    vals, depths = [], []",
-              "    for t in range(1, n):"]
-    for p, c in cols.items():
-        lines += [f"        e = c{c}[t]",
-                  f"        if type(e) is not Expression or e.g is not g or ak[e.v] != a{c}:",
-                  "            return None",
-                  f"        x{c} = e.v",
-                  f"        if vd[x{c}] > d: d = vd[x{c}]"]
-    lines += ["        if dfix > d: d = dfix",
-              "        d += 1",
-              f"        vals.append(({''.join(item[i] + ', ' for i in vpos)}))",
-              "        depths.append(d)",
-              "        p += m",
-              "    return vals, depths"]
-    namespace = {"Expression": Expression}
-    exec(compile("\n".join(lines), f"{__file__}<chain:{kinds}>", "exec"), namespace)  # noqa: S102
-    fn = _CHAIN_STEPS[key] = namespace["step"]
-    return fn
 
 
 def typed_appender(op, kinds: str):

@@ -31,13 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ArgumentTypeError, InvalidArgumentError, ShapeError, StaleExpressionError
-from ..graph.appenders import append_chain
+from ..graph.appenders import append_node
 from ..graph.computation_graph import current_graph
 from ..graph.expression import Expression
 from ..ops import core as ops
 from ..ops.extra import const_parameter
 from ..ops.function import function
-from ..ops.registry import AKEY_AVAL
 from .lstm_state import lstm_state
 from .parameters import Parameter, ParameterCollection
 
@@ -173,17 +172,6 @@ def _check_vector(who, what, x, dim):
     if tuple(x.shape) != (dim,):
         raise ShapeError(f"{who}: {what} must have shape ({dim},), got {tuple(x.shape)}"
                          f"{ops.dynet_dims_hint([tuple(x.shape)])}")
-
-
-def _same_vectors(xs, dim) -> bool:
-    """Whether the Expressions ``xs`` (at least one) all pass ``_check_vector``, told by
-    one shape lookup where they are values of one live graph with the same shape and dtype
-    (a sentence's word vectors), instead of one per vector."""
-    g = xs[0].g
-    ak = g.val_akey
-    a = ak[xs[0].v]
-    return (g.alive and AKEY_AVAL[a].shape == (dim,)
-            and all(x.g is g and ak[x.v] == a for x in xs))
 
 
 def _vector_arg(who, what, x, dim):
@@ -607,9 +595,8 @@ def _both_directions(fwd, bwd, xs, split: bool = False):
         xf = xs
     else:
         xs = [_as_expr(x, "BiRNNBuilder.add_inputs", f"input {k}") for k, x in enumerate(xs)]
-        if not _same_vectors(xs, fwd.input_dim):  # then one of them fails the check
-            for x in xs:
-                _check_vector("BiRNNBuilder.add_inputs", "input", x, fwd.input_dim)
+        for x in xs:
+            _check_vector("BiRNNBuilder.add_inputs", "input", x, fwd.input_dim)
         xf = [(x,) for x in xs]
     (pf,), (pb,) = fwd.params, bwd.params
     sf, sb = fwd.initial_state(), bwd.initial_state()
@@ -622,27 +609,14 @@ def _both_directions(fwd, bwd, xs, split: bool = False):
         cell, (mf,), (mb,) = _paired(fwd._dropout_cell, split), sf.masks, sb.masks
     n, k = len(xs), fwd._n_states
     fs, bs = [None] * n, [None] * n
-    # every argument's kind is known (Expressions, then Parameters), and step t reads step
-    # t-1's outputs: the steps go to the graph as one chain (``append_chain``)
+    # every argument's kind is known (Expressions, then Parameters), so the nodes go straight
+    # to the graph's appender: calling ``cell`` would find the kinds again for every step
     g, op = current_graph(), cell.op
-    nx = len(xf[0])
-    half = nx + k + len(mf) + len(pf)  # arguments of one direction
-    kinds = ("v" * (nx + k + len(mf)) + "p" * len(pf)) * 2
-    cols = {}
-    for i in range(nx):
-        cols[i] = [x[i] for x in xf]
-        cols[half + i] = [x[i] for x in reversed(xf)]
-    carry = {nx + j: j for j in range(k)}  # the forward state: outputs 0..k-1
-    carry.update({half + nx + j: k + j for j in range(k)})  # the backward one: k..2k-1
-    firsts = append_chain(g, op, kinds, (*xf[0], *sf.layers[0], *mf, *pf,
-                                         *xf[n - 1], *sb.layers[0], *mb, *pb), cols, carry, n)
-    for t, o in enumerate(firsts):
-        if k == 2:  # LSTMs: (c, h)
-            hf, hb = (Expression(g, o), Expression(g, o + 1)), \
-                (Expression(g, o + 2), Expression(g, o + 3))
-        else:
-            hf = tuple([Expression(g, o + j) for j in range(k)])
-            hb = tuple([Expression(g, o + k + j) for j in range(k)])
-        fs[t] = sf = RNNState(fwd, (hf,), sf, sf.masks)
-        bs[n - 1 - t] = sb = RNNState(bwd, (hb,), sb, sb.masks)
+    kinds = ("v" * (len(xf[0]) + k + len(mf)) + "p" * len(pf)) * 2
+    for t in range(n):
+        u = n - 1 - t
+        out = append_node(g, op, kinds, (*xf[t], *sf.layers[0], *mf, *pf,
+                                         *xf[u], *sb.layers[0], *mb, *pb))
+        fs[t] = sf = RNNState(fwd, (out[:k],), sf, sf.masks)
+        bs[u] = sb = RNNState(bwd, (out[k:],), sb, sb.masks)
     return fs, bs

@@ -284,8 +284,8 @@ def test_a_training_loop_matches_none(strategy):
     losses, got_params, replayed = train(strategy)
     assert replayed  # the last graph replays its plan
     # a loss sums per-tree terms of either sign of up to a few units, so one near 0.3 carries
-    # their rounding (a machine on which it was 5.8e-6 off, every parameter within 1e-6 of
-    # its largest value; the same on the commit before this tolerance)
+    # their rounding: on one machine it was 5.8e-6 off, with every parameter within 1e-6 of
+    # its largest value (benchmarks/RESULTS.md, session 55)
     np.testing.assert_allclose(losses, want_losses, rtol=TOL["rtol"], atol=1e-5)
     for got, want in zip(got_params, want_params):
         np.testing.assert_allclose(got, want, **TOL)

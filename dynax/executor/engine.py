@@ -60,20 +60,21 @@ def _pow2(n: int) -> int:
 
 
 def _lanes(n: int, sig) -> int:
-    """The lanes a batch of n nodes of ``sig`` runs as: its bucket, and 2 for a lone node.
+    """The lanes a batch of n nodes of ``sig`` runs as: its bucket (1 for a lone node).
 
     Small batches of small work take the coarse ladder (``coarse_bucket``): where a padded
     kernel's whole work is at most ``COARSE_MAX_WORK`` elements, its padding costs
     microseconds, while every bucket is a kernel to compile (50-300 ms). A GAT's per-degree
     attention ops over 10 updates: 345 -> 195 compilations.
 
-    A lone node runs as 2 lanes (the second repeats the first): in a 1-lane kernel XLA turns
-    the row gather into a dynamic slice fused with the in-place write and copies the whole
-    arena twice per call (seen in the compiled HLO), which made node-by-node execution cost
-    grow with the arena.
+    A lone node runs as 1 lane. It used to run as 2 (the second repeating the first), since
+    a 1-lane kernel copied its arena twice per call (``kernels._read_inputs`` now reads a
+    lone row twice, which avoids that); but XLA:CPU runs a 2-row product on YNNPACK, where
+    a 1-row one is a matrix-vector product at half the time (a 256 x 1024 weight: 37 against
+    66 us), and one sentence's LSTM is such a chain of lone steps.
     """
     if n == 1:
-        return 2
+        return 1
     c = coarse_bucket(n)
     return c if c * sig.lane_work <= COARSE_MAX_WORK else bucket(n)
 

@@ -158,22 +158,35 @@ def _read_cotangents(arenas_of, sig, out_off, packet, B, gathered: bool = False)
             ct = arenas_of(a)[packet[out_off[j]:out_off[j] + B]]
         else:
             ct = lax.dynamic_slice_in_dim(arenas_of(a), packet[out_off[j]], B, 0)
-        if B > 1:
-            ct = jnp.where(_lane_mask(packet[0], B, ct.ndim), ct, 0)
+        # masked even with one lane: a run's padding step has none (_run_param_grads)
+        ct = jnp.where(_lane_mask(packet[0], B, ct.ndim), ct, 0)
         cts.append(ct)
     return cts
 
 
-def _read_inputs(arenas_of, sig, modes, val_off, packet, B):
+def _read_inputs(arenas_of, sig, modes, val_off, packet, B, doubled: bool = False):
+    """A batch's value arguments: B gathered rows each (padded lanes repeat lane 0's), or
+    the one row every lane reads (UNIFORM). With ``doubled`` a 1-lane gather reads its row
+    twice, for ``_first_lane`` to drop past an optimization barrier: XLA turns a 1-row
+    gather into a slice of the arena, which aliases it, and then copies the whole arena
+    (twice per call, seen in the compiled HLO) before the kernel writes it in place."""
     xs = []
     for k, (m, off) in enumerate(zip(modes, val_off)):
         arena = arenas_of(sig.in_akeys[k])
-        if m == GATHER:  # padded lanes repeat lane 0's row
-            x = arena[packet[off:off + B]]
+        if m == GATHER:
+            rows = packet[off:off + B]
+            x = arena[jnp.concatenate([rows, rows]) if doubled and B == 1 else rows]
         else:
             x = arena[packet[off]]
         xs.append(x)
     return xs
+
+
+def _first_lane(xs, modes, B):
+    """Undo ``_read_inputs``'s ``doubled``: each gathered argument's first row."""
+    if B != 1:
+        return xs
+    return [x[:1] if m == GATHER else x for x, m in zip(xs, modes)]
 
 
 def _vjp(batched, xs, diff, params, ints):
@@ -240,7 +253,9 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None,
         # The barrier materialises the inputs before the arena is updated in place: otherwise
         # XLA fuses the reads into the writes' fusions, reads the buffer after it changed,
         # and must copy the whole arena (measured: 2 copies per call of an 8192x150 arena).
-        xs = lax.optimization_barrier(_read_inputs(arena_of, sig, modes, val_off, packet, L))
+        xs = lax.optimization_barrier(_read_inputs(arena_of, sig, modes, val_off, packet, L,
+                                                   doubled=True))
+        xs = _first_lane(xs, modes, L)
         ints = tuple(packet[o:o + L] for o in int_off)
         saved = ()
         if gflags is None:
@@ -547,8 +562,7 @@ def _run_param_grads(sig, modes: tuple, B: int, T: int):
     inputs re-read from the value arenas, output cotangents from the gradient arenas (both
     complete once the run's loop is done), the forward recomputed (cheap for narrow steps)
     and ``jax.vjp`` taken w.r.t. the parameters only. A padding step has no lanes:
-    ``_read_cotangents`` masks all its cotangents to zero (it masks where ``B > 1``, and
-    ``Engine._lanes`` never makes ``B`` 1)."""
+    ``_read_cotangents`` masks all its cotangents to zero."""
     out_off, val_off, int_off = packet_offsets(sig, modes, B)
     N = T * B
     flat = _batched(sig, modes, N)

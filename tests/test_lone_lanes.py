@@ -1,0 +1,86 @@
+"""A lone node runs as one lane (``engine._lanes``), where it used to run as two: XLA:CPU
+does a 1-row product as a matrix-vector product, at half the time of the 2-row one. Its
+kernel must not copy the arena it writes: a 1-row gather becomes a slice aliasing the
+arena, and XLA then copies the arena before the in-place write, which
+``kernels._read_inputs`` avoids by reading a lone row twice. Values and gradients are
+checked against ``jax.grad`` in ``test_runs.py`` (one sentence: lone steps)."""
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+
+import dynax as dx
+from dynax.executor import engine, kernels
+from dynax.ops.registry import live_signatures
+
+IN, HID = 3, 4  # x and the state (c, h) in different arenas; c and h in the one written
+
+
+@pytest.fixture
+def compiled_texts(monkeypatch):
+    """Kernels made from here on, by name: their compiled HLO text on the first call's
+    arguments."""
+    for sig in live_signatures():  # kernels made by earlier tests would not be recorded
+        sig.kernels.clear()
+    first_calls = {}
+    real = kernels._jit
+
+    def recording(fn, name, donate, work, accumulates=False):
+        jitted = real(fn, name, donate, work, accumulates)
+
+        class Recorded:  # the jitted function, its first call's arguments noted
+            def __call__(self, *args):
+                first_calls.setdefault(name, (jitted, args))
+                return jitted(*args)
+
+            def __getattr__(self, attr):
+                return getattr(jitted, attr)
+        return Recorded()
+
+    monkeypatch.setattr(kernels, "_jit", recording)
+
+    def texts():
+        # lowered before the call's donated arenas are reused: their shapes only
+        return {name: jitted.lower(*jax.tree.map(
+                    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape")
+                    else a, args)).compile().as_text()
+                for name, (jitted, args) in first_calls.items()}, first_calls
+    return texts
+
+
+def _arena_copies(text: str, shapes: set) -> list:
+    """The HLO lines copying a buffer of one of the arenas' shapes."""
+    return [line for line in text.splitlines()
+            if " copy(" in line and re.search(r"= f32\[([\d,]+)\]", line)
+            and re.search(r"= f32\[([\d,]+)\]", line).group(1) in shapes]
+
+
+@pytest.mark.parametrize("strategy", ["none", "agenda"])
+def test_a_lone_lstm_step_runs_on_one_lane_without_copying_its_arena(strategy, compiled_texts):
+    pc = dx.ParameterCollection(seed=1)
+    lstm = dx.nn.LSTMBuilder(1, IN, HID, pc)
+    rng = np.random.default_rng(0)
+    dx.renew_cg(autobatch=strategy)
+    hs = lstm.initial_state().transduce(
+        [dx.input(rng.standard_normal(IN).astype(np.float32)) for _ in range(6)])
+    loss = dx.sum_elems(dx.esum(hs))
+    loss.value()
+    loss.backward()
+    texts, first_calls = compiled_texts()
+    cells = {n: t for n, t in texts.items() if "lstm_cell_fwd" in n}
+    assert cells and all(re.search(r"_B1(_T\d+)?$", n) for n in cells), sorted(texts)
+    for name, text in cells.items():
+        written = first_calls[name][1][0]  # the arenas the kernel writes in place
+        shapes = {",".join(map(str, a.shape)) for a in written}
+        assert _arena_copies(text, shapes) == [], name
+
+
+@pytest.mark.parametrize("lane_work", [8, 1 << 20])  # the coarse ladder, the fine one
+def test_a_lone_node_takes_one_lane_and_every_batch_room_for_its_nodes(lane_work):
+    sig = SimpleNamespace(lane_work=lane_work)  # all that the ladder reads of a signature
+    assert engine._lanes(1, sig) == 1
+    assert all(engine._lanes(n, sig) >= n for n in range(2, 300))

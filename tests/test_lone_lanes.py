@@ -53,10 +53,10 @@ def compiled_texts(monkeypatch):
 
 
 def _arena_copies(text: str, shapes: set) -> list:
-    """The HLO lines copying a buffer of one of the arenas' shapes."""
-    return [line for line in text.splitlines()
-            if " copy(" in line and re.search(r"= f32\[([\d,]+)\]", line)
-            and re.search(r"= f32\[([\d,]+)\]", line).group(1) in shapes]
+    """The HLO lines copying a buffer of one of the arenas' shapes
+    (``%copy.1 = f32[1024,256]{1,0} copy(%warenas_0_.1)``)."""
+    copies = (re.search(r"= f32\[([\d,]+)\]\{[^}]*\} copy\(", line) for line in text.splitlines())
+    return [m.group(0) for m in copies if m and m.group(1) in shapes]
 
 
 @pytest.mark.parametrize("strategy", ["none", "agenda"])

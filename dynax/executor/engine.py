@@ -33,6 +33,7 @@ from .validity import check_argument_grads, check_block, check_forward, check_pa
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
                       compile_clear, forward_kernel, forward_run_kernel, load_block,
                       packet_offsets, seed_gradient)
+from .merges import merged_groups
 from .repeats import RepeatGate, repeated_lanes
 from .replay import Recording
 
@@ -706,8 +707,9 @@ class Engine:
             self.early.add(p, arr, sig, nodes)
 
     def _backward_plan(self, g) -> list:
-        """The batches backward runs, in forward order: the forward passes' own, or a plan
-        of the whole graph where incremental forward passes ran it in many narrow batches.
+        """The batches backward runs, in forward order: the forward passes' own, a plan of
+        the whole graph where incremental forward passes ran it in many narrow batches, or
+        the forward's with narrow batches of one signature merged (``merges.py``).
 
         A value read after every step of a decoder or parser (DyNet's ``.value()`` idiom)
         makes each forward pass compute a step or two: 16 sentences read word by word ran
@@ -715,28 +717,45 @@ class Engine:
         new plan's batches recompute their vjp from the value arenas (their forward saved
         none) and read their output cotangents by row. They are looked for only where two
         or more forward passes ran batches of fewer than ``REPLAN_MAX_LANES`` nodes on
-        average, and used only if they are at most half as many."""
+        average, and used only if they are at most half as many. Wider passes (a parser's
+        steps across its sentences) keep their batches, merged where ``merges.py`` can."""
         batches = g.batches
         n_computed = g.computed
-        if (g.autobatch == "none" or g.forward_passes < 2 or not g.n_batches
-                or n_computed > REPLAN_MAX_LANES * g.n_batches):
+        if g.autobatch == "none" or g.forward_passes < 2 or not g.n_batches:
             return batches
-        plan = schedule(g.autobatch, g, 0, n_computed)
-        if 2 * len(plan) > g.n_batches:
+        if n_computed <= REPLAN_MAX_LANES * g.n_batches:
+            plan = schedule(g.autobatch, g, 0, n_computed)
+            if 2 * len(plan) <= g.n_batches:
+                return [self._lane_by_lane(g, nodes) for nodes in plan]
+        groups = merged_groups(g, batches)
+        if not groups:
             return batches
-        return [self._lane_by_lane(g, nodes) for nodes in plan]
+        last = {m[-1]: m for m in groups}  # a group runs where its last batch would
+        merged = set(chain.from_iterable(groups))
+        out = []
+        for j, b in enumerate(batches):
+            if j in last:
+                nodes = [nd for i in last[j] for nd in batches[i].nodes]
+                out.append(self._lane_by_lane(g, nodes, b.param_values,
+                                              _lanes(len(nodes), b.sig)))
+            elif j not in merged:
+                out.append(b)
+        return out
 
-    def _lane_by_lane(self, g, nodes, param_values: tuple | None = None) -> Batch:
+    def _lane_by_lane(self, g, nodes, param_values: tuple | None = None,
+                      B: int | None = None) -> Batch:
         """A batch over computed ``nodes`` for backward only: its kernel recomputes the
         vjp from the value arenas, every lane its own (none merged, see ``repeats.py``),
         and reads each output's cotangent by row (``gathered_outs``). ``param_values``:
-        those its forward ran with, if it ran as one batch (the parameters' now, else)."""
+        those its forward ran with, if it ran as one batch or as batches with the same
+        (the parameters' now, else); ``B``, its lanes."""
         sig = g.node_sig[nodes[0]]
         outs, val_row = g.node_out, g.val_row
-        # powers of two: these sizes follow the data more than the forward's do, and
-        # each is a kernel variant to compile (a helper's chains read per step, 80
-        # updates: 67 -> 61 compilations; 45 without planning again)
-        B = max(2, _pow2(len(nodes)))
+        if B is None:
+            # powers of two: these sizes follow the data more than the forward's do, and
+            # each is a kernel variant to compile (a helper's chains read per step, 80
+            # updates: 67 -> 61 compilations; 45 without planning again)
+            B = max(2, _pow2(len(nodes)))
         modes, all_rows = self._modes(g, sig, nodes)
         packet = [len(nodes)]
         for j in range(len(sig.out_akeys)):

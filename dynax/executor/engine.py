@@ -736,26 +736,25 @@ class Engine:
         for j, b in enumerate(batches):
             if j in last:
                 nodes = [nd for i in last[j] for nd in batches[i].nodes]
-                out.append(self._lane_by_lane(g, nodes, b.param_values,
-                                              _lanes(len(nodes), b.sig)))
+                out.append(self._lane_by_lane(g, nodes, b.param_values))
             elif j not in merged:
                 out.append(b)
         return out
 
-    def _lane_by_lane(self, g, nodes, param_values: tuple | None = None,
-                      B: int | None = None) -> Batch:
+    def _lane_by_lane(self, g, nodes, param_values: tuple | None = None) -> Batch:
         """A batch over computed ``nodes`` for backward only: its kernel recomputes the
         vjp from the value arenas, every lane its own (none merged, see ``repeats.py``),
         and reads each output's cotangent by row (``gathered_outs``). ``param_values``:
         those its forward ran with, if it ran as one batch or as batches with the same
-        (the parameters' now, else); ``B``, its lanes."""
+        (the parameters' now, else)."""
         sig = g.node_sig[nodes[0]]
         outs, val_row = g.node_out, g.val_row
-        if B is None:
-            # powers of two: these sizes follow the data more than the forward's do, and
-            # each is a kernel variant to compile (a helper's chains read per step, 80
-            # updates: 67 -> 61 compilations; 45 without planning again)
-            B = max(2, _pow2(len(nodes)))
+        # powers of two: these sizes follow the data more than the forward's do, and
+        # each is a kernel variant to compile (a helper's chains read per step, 80
+        # updates: 67 -> 61 compilations; 45 without planning again; the parser's merged
+        # score batches of 2,600-2,800 lanes, on the fine ladder, met a new size in steady
+        # state as its decisions drifted)
+        B = max(2, _pow2(len(nodes)))
         modes, all_rows = self._modes(g, sig, nodes)
         packet = [len(nodes)]
         for j in range(len(sig.out_akeys)):

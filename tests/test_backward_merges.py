@@ -161,3 +161,20 @@ def test_one_forward_pass_keeps_its_batches():
     loss = dx.esum([dx.pick(score(a, b, m.U, m.c), 0) for a, b in zip(encs, encs[1:])])
     loss.value()
     assert cg.forward_passes == 1 and cg.engine._backward_plan(cg) is cg.batches
+
+
+def test_a_large_group_runs_in_chunks_of_one_size(monkeypatch):
+    """A group larger than ``MERGE_CHUNK`` runs as chunks of that many lanes, the last one
+    padded: one kernel whatever the group's size."""
+    from dynax.executor import engine
+    monkeypatch.setattr(engine, "MERGE_CHUNK", 16)
+    value, grads, x0_grad, decisions, cg = _run("agenda", full=True)
+    scores = [b for b in cg.engine._backward_plan(cg) if b.sig.op.name == "score"]
+    n = len(SENTENCES) * STEPS
+    assert [len(b.nodes) for b in scores] == [16] * (n // 16) + [n % 16]
+    assert {b.B for b in scores} == {16}
+    want_value, want = _reference(decisions)
+    assert value == pytest.approx(want_value, rel=1e-5)
+    for got, ref, p in zip(grads, want, MODEL.pc.parameters()):
+        np.testing.assert_allclose(got, ref, err_msg=p.name, **TOL)
+    np.testing.assert_allclose(x0_grad, want[4], **TOL)

@@ -52,6 +52,7 @@ FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter ele
 RUN_REPEATS_ONCE = True  # lanes repeating another lane's computation run once (repeats.py)
 REPEATS_MIN_WORK = 1 << 22  # lanes saved x a lane's work (elements), at least, to do so
 REPLAN_MAX_LANES = 4  # forward batches this narrow on average: backward may plan again
+MERGE_CHUNK = 512  # merged backward batches (merges.py) larger than this run in such chunks
 COARSE_MAX_WORK = 1 << 16  # padded lanes x a lane's work (elements), at most, for the
 # coarse ladder (_lanes): its padding then costs ~10 us at worst
 
@@ -736,25 +737,32 @@ class Engine:
         for j, b in enumerate(batches):
             if j in last:
                 nodes = [nd for i in last[j] for nd in batches[i].nodes]
-                out.append(self._lane_by_lane(g, nodes, b.param_values))
+                if len(nodes) <= MERGE_CHUNK:
+                    out.append(self._lane_by_lane(g, nodes, b.param_values))
+                    continue
+                # chunks of one size, the last padded: one kernel whatever the group's
+                # size, which follows the decisions (and drifts as the model trains)
+                out += [self._lane_by_lane(g, nodes[k:k + MERGE_CHUNK], b.param_values,
+                                           MERGE_CHUNK)
+                        for k in range(0, len(nodes), MERGE_CHUNK)]
             elif j not in merged:
                 out.append(b)
         return out
 
-    def _lane_by_lane(self, g, nodes, param_values: tuple | None = None) -> Batch:
+    def _lane_by_lane(self, g, nodes, param_values: tuple | None = None,
+                      B: int | None = None) -> Batch:
         """A batch over computed ``nodes`` for backward only: its kernel recomputes the
         vjp from the value arenas, every lane its own (none merged, see ``repeats.py``),
         and reads each output's cotangent by row (``gathered_outs``). ``param_values``:
         those its forward ran with, if it ran as one batch or as batches with the same
-        (the parameters' now, else)."""
+        (the parameters' now, else); ``B``, its lanes if not the default."""
         sig = g.node_sig[nodes[0]]
         outs, val_row = g.node_out, g.val_row
-        # powers of two: these sizes follow the data more than the forward's do, and
-        # each is a kernel variant to compile (a helper's chains read per step, 80
-        # updates: 67 -> 61 compilations; 45 without planning again; the parser's merged
-        # score batches of 2,600-2,800 lanes, on the fine ladder, met a new size in steady
-        # state as its decisions drifted)
-        B = max(2, _pow2(len(nodes)))
+        if B is None:
+            # powers of two: these sizes follow the data more than the forward's do, and
+            # each is a kernel variant to compile (a helper's chains read per step, 80
+            # updates: 67 -> 61 compilations; 45 without planning again)
+            B = max(2, _pow2(len(nodes)))
         modes, all_rows = self._modes(g, sig, nodes)
         packet = [len(nodes)]
         for j in range(len(sig.out_akeys)):

@@ -25,7 +25,7 @@ what the launches saved (+4.2% and +5.2% per update in two A/Bs). So a group lar
 ``engine.MERGE_CHUNK`` lanes runs as chunks of that size, the last one padded: one kernel.
 
 Measured on the benchmark parser (session 57, alternated in one process): backward
-launches per update ~97 -> ~26 (``stats()['backward_batches']``, which counts a fused
+launches per update 96-97 -> 25-28 (``stats()['backward_batches']``, which counts a fused
 run's steps, 125 -> 54), the backward phase -26%, steady updates on par (+1.3%,
 faster in 7 of 12 rounds; CPU -1.5%); its first 8 updates 5.6-8.7% faster, with 145
 compilations instead of 157.

@@ -1,9 +1,10 @@
 """Backward batches merged across forward passes (``executor/merges.py``).
 
 A parser-like loop: an encoder computed in the first pass, then steps in lockstep, each a
-forward pass over every parser's scores, read to decide the next features; the loss is
-built after the last step from the scores of every step. The score batches of the steps
-merge into one backward batch. Values and gradients must be those of
+forward pass over every parser's scores, read to decide the next features; each decision's
+score is picked as a loss term (computed in the next pass), and the loss sums them after
+the last step. The steps' pick batches merge into one backward batch, and so, behind them,
+do their score batches. Values and gradients must be those of
 ``autobatch="none"`` and of ``jax.grad`` over the same decisions, for parameters, lookup
 rows and (``backward(full=True)``) inputs, also where some scores are read but left out
 of the loss; and batches whose nodes are read before the next one runs must not merge.

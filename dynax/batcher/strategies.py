@@ -198,6 +198,16 @@ def _by_depth_arrays(graph, lo: int, hi: int) -> list[list[int]]:
     return [nodes[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
+def edges(graph, lo: int, hi: int, n_in):
+    """The value edges into nodes ``lo..hi-1``, one per value argument (``n_in`` of each
+    node): the producing node of each (-1 for a constant) and the index of its reader
+    from ``lo``."""
+    prod = np.fromiter(map(graph.val_node.__getitem__,
+                           chain.from_iterable(graph.node_vals[lo:hi])),
+                       np.int64, int(n_in.sum()))
+    return prod, np.repeat(np.arange(hi - lo), n_in)
+
+
 def _agenda_arrays_setup(graph, lo: int, hi: int):
     """Signatures, priorities and edges (successors in CSR form) of the pending nodes, or
     None where the batches would be small: estimated as a batch per signature, and one per
@@ -207,10 +217,8 @@ def _agenda_arrays_setup(graph, lo: int, hi: int):
     if m < ARRAYS_MIN_BATCH * max(len(sigs), int(depth.max() - depth.min()) + 1):
         return None
     # edges among pending nodes: producer -> consumer, successors of each node in CSR form
-    n_in = np.array([len(s.in_akeys) for s in sigs], np.int64)[k]
-    prod = np.fromiter(map(graph.val_node.__getitem__, chain.from_iterable(graph.node_vals[lo:hi])),
-                       np.int64, int(n_in.sum())) - lo
-    cons = np.repeat(np.arange(m), n_in)
+    prod, cons = edges(graph, lo, hi, np.array([len(s.in_akeys) for s in sigs], np.int64)[k])
+    prod -= lo
     pending = prod >= 0  # constants have producer -1, computed nodes are below lo
     prod, cons = prod[pending], cons[pending]
     indeg = np.bincount(cons, minlength=m)

@@ -33,9 +33,10 @@ compilations instead of 157.
 from __future__ import annotations
 
 from collections import Counter
-from itertools import chain
 
 import numpy as np
+
+from ..batcher.strategies import edges
 
 MERGE_MAX_LANES = 64  # members of a merged group average at most this many nodes
 
@@ -93,11 +94,7 @@ def _readers(g, batches) -> list[list[int]]:
     where = np.full(n, m, np.int64)  # node -> its batch
     for i, b in enumerate(batches):
         where[b.nodes] = i
-    vals = g.node_vals[:n]
-    n_in = np.fromiter(map(len, vals), np.int64, n)
-    producer = np.fromiter(map(g.val_node.__getitem__, chain.from_iterable(vals)), np.int64,
-                           int(n_in.sum()))
-    reader = np.repeat(np.arange(n), n_in)
+    producer, reader = edges(g, 0, n, np.fromiter(map(len, g.node_vals[:n]), np.int64, n))
     computed = producer >= 0  # constants have none
     pairs = np.unique(where[producer[computed]] * (m + 1) + where[reader[computed]])
     out: list = [[] for _ in range(m + 1)]

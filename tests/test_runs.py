@@ -1,6 +1,7 @@
 """Fused runs: consecutive batches of one kernel (an RNN over a single sentence: one 1-lane
-step per word) run as one launch of a loop whose capacity is the next power of two steps
-(at least 4), the steps it lacks padding that never runs. Values and gradients must equal
+step per word) run as one launch of a loop with room for a number of steps (a narrow run's:
+the next power of two, at least 4; a wide one's: fixed per size), the steps it lacks
+padding that never runs. Values and gradients must equal
 the node-by-node reference and ``jax.grad`` of the same math, for runs filling their
 kernel or not, with and without residuals, and for a loss in the middle of a run."""
 from __future__ import annotations
@@ -235,6 +236,98 @@ def test_narrow_runs_take_weight_gradients_after_the_loop(strategy, monkeypatch)
         np.testing.assert_allclose(g, r, **TOL)
         np.testing.assert_allclose(g, s, **TOL)
     _clear_kernels()  # later tests get the usual (deferring) kernels
+
+
+def _wide(monkeypatch, lane_steps):
+    """Every run wide (its weight gradients inside the loop), with room for
+    ``lane_steps`` lanes x steps; the LSTM's kernels compiled anew."""
+    from dynax.executor import kernels
+    monkeypatch.setattr(kernels, "DEFER_MAX_LANES", 0)
+    monkeypatch.setattr(engine_module, "RUN_LANE_STEPS", lane_steps)
+    _clear_kernels()
+
+
+def _pool():
+    from dynax.graph.computation_graph import _engine
+    return _engine().residuals
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_wide_runs_share_one_kernel_per_size_and_longer_runs_launch_it_again(
+        strategy, monkeypatch):
+    """A wide run kernel has room for RUN_LANE_STEPS / B steps (here 4), whatever the run's
+    length: runs of 3 to 12 steps share it, a longer run launching it again for its next
+    steps. Values and gradients equal the node-by-node reference and jax.grad."""
+    _wide(monkeypatch, 4)
+    for n in (4, 6, 9, 13):  # runs of 3, 5, 8 and 12 steps after the first step
+        xs, ws = _data(n, seed=30 + n)
+        value, hs, grads, _ = _run(strategy, xs, ws)
+        ref_value, ref_hs, ref_grads, _ = _run("none", xs, ws)
+        steps = _forward_steps(xs)  # the first step, then the run's launches
+        assert steps["launches"] == 1 + -(-(n - 1) // 4), (n, steps)
+        assert {key[-1] for key in _run_kernels()} == {4}, _run_kernels().keys()
+        vals = [p.value for p in PC.parameters()]
+
+        def loss_fn(vals):
+            return sum(jnp.dot(h, w) for h, w in zip(ref_states(vals, xs), ws))
+
+        np.testing.assert_allclose(value, ref_value, **TOL)
+        np.testing.assert_allclose(value, loss_fn(vals), **TOL)
+        for h, r in zip(hs, ref_hs):
+            np.testing.assert_allclose(h, r, **TOL)
+        for g, r, j in zip(grads, ref_grads, jax.grad(loss_fn)(vals)):
+            np.testing.assert_allclose(g, r, **TOL)
+            np.testing.assert_allclose(g, j, **TOL)
+    _clear_kernels()
+
+
+def test_run_residual_buffers_come_back_for_the_next_graph(monkeypatch):
+    """A run's residual buffers go back to the pool when its graph is replaced, and the
+    next graph's runs take them instead of making new ones; a shorter run after a longer
+    one leaves the longer one's rows behind its steps, which nothing reads: its gradients
+    still equal jax.grad's. dx.release_memory() lets the buffers go."""
+    from dynax.executor import scratch
+    _wide(monkeypatch, 16)  # one kernel of 16 steps
+    made = []
+    real_new = scratch._new
+    monkeypatch.setattr(scratch, "_new", lambda shapes: made.append(1) or real_new(shapes))
+    for n, fresh in ((14, 1), (14, 0), (6, 0), (9, 0)):
+        xs, ws = _data(n, seed=40 + n)
+        made.clear()
+        value, _, grads, _ = _run("agenda", xs, ws)
+        assert len(made) == fresh, (n, made)
+        vals = [p.value for p in PC.parameters()]
+
+        def loss_fn(vals):
+            return sum(jnp.dot(h, w) for h, w in zip(ref_states(vals, xs), ws))
+
+        np.testing.assert_allclose(value, loss_fn(vals), **TOL)
+        for g, j in zip(grads, jax.grad(loss_fn)(vals)):
+            np.testing.assert_allclose(g, j, **TOL)
+    dx.renew_cg()
+    (kernel_fn, free), = [(fn, free) for fn, free in _pool().free.items()
+                          if fn in {k.fn for k in _run_kernels().values()}]
+    assert len(free) == 1 and all(b.shape[0] == 16 for b in free[0])
+    dx.release_memory()
+    assert _pool().free == {}
+    _clear_kernels()
+
+
+def test_evaluation_runs_give_their_buffers_back_at_once(monkeypatch):
+    """A train=False run keeps no residuals: its buffers go back to the pool as soon as it
+    is launched, so an evaluation loop's forward passes all use one set."""
+    from dynax.executor import scratch
+    _wide(monkeypatch, 16)
+    xs, ws = _data(9, seed=50)
+    _run("agenda", xs, ws)  # compiles the training kernels, which evaluation reuses
+    made = []
+    real_new = scratch._new
+    monkeypatch.setattr(scratch, "_new", lambda shapes: made.append(1) or real_new(shapes))
+    cg = dx.renew_cg(autobatch="agenda", train=False)
+    for _ in range(3):  # three graphs' worth of runs in one graph
+        dx.forward(LSTM.initial_state().transduce([dx.input(x) for x in xs]))
+    assert made == [] and not any(b.saved for b in cg.batches)
+    _clear_kernels()
 
 
 def test_a_runs_weight_gradients_accumulate_in_their_matmuls(monkeypatch):

@@ -31,11 +31,12 @@ from .buckets import bucket, coarse_bucket
 from .early import DroppedGradients, EarlyBackward, may_run_early
 from .validity import check_argument_grads, check_block, check_forward, check_param_grads
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
-                      compile_clear, forward_kernel, forward_run_kernel, load_block,
-                      packet_offsets, seed_gradient)
+                      compile_clear, defers, forward_kernel, forward_run_kernel,
+                      load_block, packet_offsets, run_residuals, seed_gradient)
 from .merges import merged_groups
 from .repeats import RepeatGate, repeated_lanes
 from .replay import Recording
+from .scratch import ResidualPool
 
 MIN_ROWS = 16  # rows of a new arena at the least (values of 64 KiB and more)
 ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 4x)
@@ -47,7 +48,9 @@ AHEAD_COMPILE = True  # a pass's new kernels compile side by side (see ahead.py)
 REPLAY_PREPARED = True  # a reused plan's batches are prepared as last time (see replay.py)
 STREAM_BACKWARD = True  # backward kernels launch as they are decided (see _backward_batches)
 BACKWARD_WHILE_WAITING = True  # a training loop's backward runs as its loss is read (early.py)
-RUN_MIN_STEPS = 4  # the smallest run kernel: up to this many steps (see _launches)
+RUN_MIN_STEPS = 4  # the smallest run kernel: up to this many steps (see _run_capacity)
+RUN_LANE_STEPS = 512  # a run kernel's room: about this many lanes x steps (_run_capacity)
+RUN_MAX_STEPS = 64  # ... and at most this many steps
 FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
 RUN_REPEATS_ONCE = True  # lanes repeating another lane's computation run once (repeats.py)
 REPEATS_MIN_WORK = 1 << 22  # lanes saved x a lane's work (elements), at least, to do so
@@ -112,6 +115,7 @@ class Batch(NamedTuple):
     param_values: tuple  # the parameters' arrays it ran with (a later change is refused)
     gathered_outs: bool = False  # a backward plan's batch: the packet lists output rows
     distinct: int = 0  # its lanes' distinct computations ran on this many lanes (repeats.py)
+    pool: list | None = None  # a run's: where its residual buffers go back to (scratch.py)
 
 
 def _grad_flags(g, sig, nodes):
@@ -165,6 +169,7 @@ class Engine:
         # while one runs again for Expression.gradient() (_exact_gradients)
         self.merge_repeats = True
         self.dry_passes = 0  # forward passes since one ran a batch on its distinct lanes
+        self.residuals = ResidualPool()  # run kernels' residual buffers (scratch.py)
 
     def _follow_device(self, g) -> None:
         """Keep the arenas on the device ``dx.set_device`` selects: after a change they are
@@ -228,6 +233,7 @@ class Engine:
         self.spare_grads.clear()
         self.last_grads = None
         self.plans.clear()
+        self.residuals.clear()
         self.search_ahead = False
 
     # ---- forward ---------------------------------------------------------------------------------
@@ -347,10 +353,15 @@ class Engine:
             ahead = Ahead()
             for run, _ in held:
                 params = tuple(p._value for p in run[0][0].params)
-                for kern, _, chunk, T in self._launches(run):
+                for kern, step, chunk, T in self._launches(run):
                     if is_new(kern.fn):
-                        ahead.submit(kern.fn, self._forward_args(kern, params,
-                                                                 _packet(chunk, T)))
+                        packet = _packet(chunk, T)
+                        args = self._forward_args(kern, params, packet)
+                        if T:
+                            args += (self.residuals.spare(
+                                kern, lambda: run_residuals(step, args[:3] + (packet[0],),
+                                                            T)),)
+                        ahead.submit(kern.fn, args)
         for run, n_kernels in held:
             self._launch_checked(g, run, n_kernels, ahead)
 
@@ -537,31 +548,32 @@ class Engine:
         """The launches of consecutive prepared batches of one kernel: ``(kernel, step
         kernel, batches, T)``, ``T`` the capacity of a run kernel, 0 for a single batch's.
 
-        Runs of small steps (launch-bound) run in one launch of a loop with room for the
-        next power of two steps, at least ``RUN_MIN_STEPS`` (``kernels.forward_run_kernel``):
-        per signature and size one or two kernels serve every run, where loops of exact
-        power-of-two lengths took two or three (7 steps: 4, 2, 1). The tagger's first 5
-        updates: 122 -> 104 compilations. A lone step launches its single kernel. In the
-        loop it saved kernels where runs are common (tagger: 90 compilations) but none where
-        they are rare (a Tree-LSTM's levels), where a loop compiles slower and zero-fills
-        room for 4 steps' residuals (Tree-LSTM, ``--quick``, 3 alternated rounds: 1,164 ->
-        1,099 trees/s); and taking the loop only once runs had compiled it made the bits
-        depend on the kernel cache's history (the loop rounds differently). Large steps run
-        one launch each (measured on the synthetic BiLSTM's 64-lane steps: a loop costs the
-        device more than the launches it saves).
+        Runs of small steps (launch-bound) run in a loop (``kernels.forward_run_kernel``)
+        with room for ``_run_capacity`` steps, one launch per that many: per signature and
+        size one kernel serves every run, where loops of exact power-of-two lengths took two
+        or three (7 steps: 4, 2, 1; the tagger's first 5 updates: 122 -> 104 compilations).
+        A lone step launches its single kernel. In the loop it saved kernels where runs
+        are common (tagger: 90 compilations) but none where they are rare (a Tree-LSTM's
+        levels), where a loop compiles slower and then zero-filled room for 4 steps'
+        residuals (Tree-LSTM, ``--quick``, 3 alternated rounds: 1,164 -> 1,099 trees/s);
+        and taking the loop only once runs had compiled it made the bits depend on the
+        kernel cache's history (the loop rounds differently). Large steps run one launch
+        each (measured on the synthetic BiLSTM's 64-lane steps: a loop costs the device
+        more than the launches it saves).
         """
         sig, modes, B, gflags = run[0][:4]
         step = forward_kernel(sig, modes, B, gflags, run[0][6])
         kern = None
         # runs longer than one form only where _forward fuses (not 'none', no validity checks)
         if len(run) > 1 and B * sig.param_elements <= FUSE_MAX_MACS:
-            T = max(RUN_MIN_STEPS, _pow2(len(run)))
+            T = _run_capacity(sig, modes, B, len(run))
             kern = forward_run_kernel(sig, modes, B, gflags, T)
         if kern is None:  # one launch per batch
             for r in run:
                 yield step, step, [r], 0
         else:
-            yield kern, step, run, T
+            for i in range(0, len(run), T):
+                yield kern, step, run[i:i + T], T
 
     def _launch(self, g, run, ahead=None):
         """Run consecutive prepared batches of one kernel (``_launches``), each launch
@@ -572,29 +584,39 @@ class Engine:
                 ahead.wait(kern.fn)
             nodes = chunk[0][5] if len(chunk) == 1 else [nd for r in chunk for nd in r[5]]
             self._call_forward(g, sig, modes, B, gflags, _packet(chunk, T), nodes, kern,
-                               step, chunk[0][6])
+                               step, chunk[0][6], T)
 
     def _forward_args(self, kern, param_values: tuple, packet) -> tuple:
         """A forward kernel's arguments: its arenas written and read, the parameters' values
-        and the packet (what a launch passes, and what ``ahead.py`` compiles for)."""
+        and the packet (what a launch passes, and what ``ahead.py`` compiles for); a run
+        kernel's take its residual buffers after these."""
         arenas = self.arenas
         return (tuple(arenas[a] for a in kern.write_akeys),
                 tuple(arenas[a] for a in kern.read_akeys), param_values, packet)
 
     def _call_forward(self, g, sig, modes, B, gflags, packet, nodes, kern, step,
-                      distinct: int = 0):
-        """Launch ``kern`` (``step``, or a run of it) and record the batch for backward."""
+                      distinct: int = 0, T: int = 0):
+        """Launch ``kern`` (``step``, or a run of it with room for ``T`` steps) and record
+        the batch for backward."""
         arenas = self.arenas
         param_values = tuple(p._value for p in sig.params)
-        new, saved = kern.fn(*self._forward_args(kern, param_values, packet))
+        args = self._forward_args(kern, param_values, packet)
+        pool = None
+        if T:  # a run: residual buffers from the pool, back there when the graph retires
+            stacked, pool = self.residuals.take(
+                kern, lambda: run_residuals(step, args[:3] + (packet[0],), T))
+            args += (stacked,)
+        new, saved = kern.fn(*args)
         for a, arr in zip(kern.write_akeys, new):
             arenas[a] = arr
-        if gflags is None:
-            saved = ()  # from a reused training kernel: not needed
+        if gflags is None:  # from a reused training kernel: not needed
+            if pool is not None:
+                pool.append(saved)
+            saved, pool = (), None
         g.n_launches += 1
         g.batches.append(Batch(sig, modes, B, packet, nodes, gflags,
                                step if gflags is not None else None, saved, param_values,
-                               distinct=distinct))
+                               distinct=distinct, pool=pool))
 
     # ---- reading ---------------------------------------------------------------------------------
     def read(self, g, v: int) -> np.ndarray:
@@ -1059,6 +1081,25 @@ def _noting_backward(batch):
         e.add_note(f"dynax: while running the backward pass of a batch of {len(nodes)} "
                    f"'{sig.op.name}' node(s) (the first built as node {nodes[0]})")
         raise
+
+
+def _run_capacity(sig, modes: tuple, B: int, n: int) -> int:
+    """The room, in steps, of the run kernel that launches a run of ``n`` steps of ``B``
+    lanes: one per signature and size, ``RUN_LANE_STEPS / B`` steps (a power of two from
+    ``RUN_MIN_STEPS`` to ``RUN_MAX_STEPS``), and a longer run launches it more than once.
+    Its residual buffers are pooled (``scratch.py``), so room costs memory, not time.
+
+    A narrow run that takes its weight gradients after the loop (``kernels.defers``) gets
+    room for the next power of two of its steps instead: that product spans every step
+    the kernel has room for, its padding ones included.
+
+    Room for the next power of two of every run's steps, as before, made each size a
+    kernel per power of two its runs reached: the tagger's 64-lane steps ran in runs of 7
+    to 10 (kernels of 8 and 16 steps), its 48-lane ones of 4 to 6 (4 and 8)."""
+    if defers(sig, modes, B):
+        return max(RUN_MIN_STEPS, _pow2(n))
+    room = 1 << max(0, (RUN_LANE_STEPS // B).bit_length() - 1)  # a power of two, floored
+    return min(RUN_MAX_STEPS, max(RUN_MIN_STEPS, room))
 
 
 def _packet(chunk: list, T: int = 0) -> np.ndarray:

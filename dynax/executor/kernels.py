@@ -437,7 +437,10 @@ def run_steps(packets):
 def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) -> Kernel:
     """Up to ``T`` consecutive batches of one forward kernel as one loop: arguments as the
     single kernel's but ``packets`` of shape ``(T, packet length)``, the steps first
-    (``run_steps``); residuals stacked ``(T, ...)``, the padding steps' left zero.
+    (``run_steps``), and then ``stacked``, buffers with room for ``T`` steps' residuals
+    (``run_residuals``; donated), which it returns with each step's residuals written in
+    place. The engine hands it pooled ones (``scratch.py``): made here, they were
+    zero-filled at every launch. Padding steps leave their rows as they were.
 
     Each residual gets a stacked buffer of its own, not one for the step's packed buffer:
     XLA then writes each where it is computed, in place, where packing first concatenated
@@ -468,12 +471,7 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
             return None  # no such run in training: launch its steps with the trained kernel
     step = forward_kernel(sig, modes, B, gflags)
 
-    def kernel(warenas, rarenas, params, packets):
-        # the residuals' shapes, traced only (a peeled first step would compile twice)
-        shapes = jax.eval_shape(lambda *a: step.body(*a, pack=False), warenas, rarenas,
-                                params, packets[0])[1]
-        stacked = tuple(jnp.zeros((T,) + s.shape, s.dtype) for s in shapes)
-
+    def kernel(warenas, rarenas, params, packets, stacked):
         def body(t, carry):
             w, stacked = carry
             w, saved = step.body(w, rarenas, params, packets[t], pack=False)
@@ -481,10 +479,18 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
                             for b, r in zip(stacked, saved))
         return lax.fori_loop(0, run_steps(packets), body, (warenas, stacked))
 
-    k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}_T{T}", (0,), B * sig.lane_work),
+    k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}_T{T}", (0, 4), B * sig.lane_work),
                step.write_akeys, step.read_akeys, step.meta, kernel)
     sig.kernels[key] = k
     return k
+
+
+def run_residuals(step: Kernel, args: tuple, T: int) -> tuple:
+    """The shapes of a run kernel's ``stacked`` buffers: room for ``T`` steps of what the
+    single ``step`` kernel saves, given that kernel's arguments ``args`` (a run's first
+    step's packet; traced only)."""
+    shapes = jax.eval_shape(lambda *a: step.body(*a, pack=False), *args)[1]
+    return tuple(jax.ShapeDtypeStruct((T,) + s.shape, s.dtype) for s in shapes)
 
 
 DEFER_MAX_LANES = 8  # runs this narrow take their weight gradients after the loop
@@ -507,8 +513,8 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
     k = sig.kernels.get(key)
     if k is not None:
         return k
-    defers = _defers(sig, modes, B)
-    if not defers:
+    deferred = defers(sig, modes, B)
+    if not deferred:
         step = backward_kernel(sig, modes, gflags, B, forward)
         read_akeys = step.read_akeys
 
@@ -533,7 +539,7 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
             return garenas, tuple(g + d for g, d in zip(pgrads, dps))
 
     k = Kernel(_jit(kernel, f"{sig.op.name}_bwd_B{B}_T{T}", (0, 1), B * sig.lane_work,
-                    accumulates=sig.has_params and not defers),
+                    accumulates=sig.has_params and not deferred),
                step.write_akeys, read_akeys, {}, kernel)
     sig.kernels[key] = k
     return k
@@ -550,7 +556,7 @@ def _reversed_steps(body, carry, packets):
     return lax.fori_loop(0, n, lambda i, c: body(c, n - 1 - i), carry)
 
 
-def _defers(sig, modes: tuple, B: int) -> bool:
+def defers(sig, modes: tuple, B: int) -> bool:
     """Whether a run of this kernel takes its weight gradients after the loop: narrow steps
     with parameters, every value argument gathered per lane (``_run_param_grads``)."""
     return (B <= DEFER_MAX_LANES and sig.has_params and not sig.op.row_gather

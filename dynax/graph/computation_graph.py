@@ -328,6 +328,8 @@ class ComputationGraph:
         if self.early is not None:  # never claimed: as far as stats go, it did not run
             self.n_backward_batches = self.early.n_backward_batches
             self.early = None
+        from ..executor.scratch import give_back  # (the executor imports this module)
+        give_back(self.batches)  # the runs' residual buffers, for the next graph's launches
         self.batches = []
         self.host_values = {}
         self.pending_reads = {}

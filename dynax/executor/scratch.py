@@ -1,0 +1,63 @@
+"""Pooled residual buffers of run kernels: reused from graph to graph, never zero-filled.
+
+A run kernel (``kernels.forward_run_kernel``) writes each step's vjp residuals into buffers
+with room for its capacity of steps. Made inside the kernel, they were zero-filled at every
+launch (XLA leaves no buffer uninitialised): the tagger's runs filled ~28 MB an update
+that nothing read. Now each launch is handed a set from this pool, donated, and the kernel
+writes its steps into it in place; the batch keeps it for its backward pass, and it comes
+back when its graph is retired (``renew_cg``), for the next graph's launches of that kernel.
+Rows past a run's own steps hold whatever an earlier run left there; nothing reads them
+(backward runs a run's own steps only). Buffers donated to a launch that failed are lost,
+and made anew.
+
+The pool holds, per run kernel, as many sets as one graph's launches of it have needed at
+once; ``dx.release_memory()`` lets them go.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from ..device import get_device
+
+
+class ResidualPool:
+    """Free residual buffer sets, per run kernel."""
+
+    def __init__(self):
+        self.free: dict = {}  # a run kernel's jitted function -> [buffer tuples]
+
+    def take(self, kern, shapes) -> tuple[tuple, list]:
+        """A set of buffers for a launch of ``kern`` (of ``shapes``, ShapeDtypeStructs:
+        ``kernels.run_residuals``, a callable so that they are traced only when a set is
+        made), and the list it goes back to (``give_back``)."""
+        free = self.free.setdefault(kern.fn, [])
+        while free:
+            got = free.pop()
+            if not any(b.is_deleted() for b in got):  # not lost to a failed launch
+                return got, free
+        return _new(shapes()), free
+
+    def spare(self, kern, shapes) -> tuple:
+        """A set for lowering ``kern`` (``ahead.py``), left in the pool."""
+        free = self.free.setdefault(kern.fn, [])
+        if not free:
+            free.append(_new(shapes()))
+        return free[-1]
+
+    def clear(self) -> None:
+        self.free.clear()
+
+
+def give_back(batches) -> None:
+    """Return the residual buffers of a retired graph's run batches to their pool lists
+    (``Batch.pool``): nothing reads them from now on."""
+    for b in batches:
+        if b.pool is not None and b.saved:
+            b.pool.append(b.saved)
+
+
+def _new(shapes) -> tuple:
+    # a host zero array put on the device: an eager jnp.zeros would compile a fill per shape
+    device = get_device()
+    return tuple(jax.device_put(np.zeros(s.shape, s.dtype), device) for s in shapes)

@@ -238,12 +238,14 @@ def test_narrow_runs_take_weight_gradients_after_the_loop(strategy, monkeypatch)
     _clear_kernels()  # later tests get the usual (deferring) kernels
 
 
-def _wide(monkeypatch, lane_steps):
+def _wide(monkeypatch, lane_steps, value_elements=1 << 20):
     """Every run wide (its weight gradients inside the loop), with room for
-    ``lane_steps`` lanes x steps; the LSTM's kernels compiled anew."""
+    ``lane_steps`` lanes x steps, and ``value_elements`` of their values; the LSTM's
+    kernels compiled anew."""
     from dynax.executor import kernels
     monkeypatch.setattr(kernels, "DEFER_MAX_LANES", 0)
     monkeypatch.setattr(engine_module, "RUN_LANE_STEPS", lane_steps)
+    monkeypatch.setattr(engine_module, "RUN_VALUE_ELEMENTS", value_elements)
     _clear_kernels()
 
 
@@ -252,13 +254,22 @@ def _pool():
     return _engine().residuals
 
 
+# a lane of the LSTM's step reads x, c and h and writes c and h
+LANE_VALUES = IN + 4 * HID
+
+
+@pytest.mark.parametrize("limit", ["lanes", "values"])
 @pytest.mark.parametrize("strategy", ["depth", "agenda"])
 def test_wide_runs_share_one_kernel_per_size_and_longer_runs_launch_it_again(
-        strategy, monkeypatch):
-    """A wide run kernel has room for RUN_LANE_STEPS / B steps (here 4), whatever the run's
-    length: runs of 3 to 12 steps share it, a longer run launching it again for its next
-    steps. Values and gradients equal the node-by-node reference and jax.grad."""
-    _wide(monkeypatch, 4)
+        strategy, limit, monkeypatch):
+    """A wide run kernel has room for RUN_LANE_STEPS / B steps, or fewer where their values
+    would pass RUN_VALUE_ELEMENTS (here 4 either way), whatever the run's length: runs of
+    3 to 12 steps share it, a longer run launching it again for its next steps. Values
+    and gradients equal the node-by-node reference and jax.grad."""
+    if limit == "lanes":
+        _wide(monkeypatch, 4)
+    else:
+        _wide(monkeypatch, 512, value_elements=4 * LANE_VALUES)
     for n in (4, 6, 9, 13):  # runs of 3, 5, 8 and 12 steps after the first step
         xs, ws = _data(n, seed=30 + n)
         value, hs, grads, _ = _run(strategy, xs, ws)

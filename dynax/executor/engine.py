@@ -49,7 +49,8 @@ REPLAY_PREPARED = True  # a reused plan's batches are prepared as last time (see
 STREAM_BACKWARD = True  # backward kernels launch as they are decided (see _backward_batches)
 BACKWARD_WHILE_WAITING = True  # a training loop's backward runs as its loss is read (early.py)
 RUN_MIN_STEPS = 4  # the smallest run kernel: up to this many steps (see _run_capacity)
-RUN_LANE_STEPS = 512  # a run kernel's room: about this many lanes x steps (_run_capacity)
+RUN_LANE_STEPS = 512  # a run kernel's room: about this many lanes x steps (_run_capacity),
+RUN_VALUE_ELEMENTS = 1 << 20  # ... at most this many elements of its lanes' values,
 RUN_MAX_STEPS = 64  # ... and at most this many steps
 FUSE_MAX_MACS = 1 << 25  # fuse steps of at most this many lanes x parameter elements
 RUN_REPEATS_ONCE = True  # lanes repeating another lane's computation run once (repeats.py)
@@ -1085,9 +1086,12 @@ def _noting_backward(batch):
 
 def _run_capacity(sig, modes: tuple, B: int, n: int) -> int:
     """The room, in steps, of the run kernel that launches a run of ``n`` steps of ``B``
-    lanes: one per signature and size, ``RUN_LANE_STEPS / B`` steps (a power of two from
-    ``RUN_MIN_STEPS`` to ``RUN_MAX_STEPS``), and a longer run launches it more than once.
-    Its residual buffers are pooled (``scratch.py``), so room costs memory, not time.
+    lanes: one per signature and size, ``RUN_LANE_STEPS / B`` steps, fewer where the
+    steps' values would pass ``RUN_VALUE_ELEMENTS`` (a power of two from ``RUN_MIN_STEPS``
+    to ``RUN_MAX_STEPS``); a longer run launches it more than once. Its residual buffers
+    are pooled (``scratch.py``), so room costs memory (residuals are a few times a lane's
+    values: the tagger's BiLSTM step saves 1.6x), not time. Training and evaluation find
+    the same room, so an evaluation reuses the trained kernel.
 
     A narrow run that takes its weight gradients after the loop (``kernels.defers``) gets
     room for the next power of two of its steps instead: that product spans every step
@@ -1098,7 +1102,8 @@ def _run_capacity(sig, modes: tuple, B: int, n: int) -> int:
     to 10 (kernels of 8 and 16 steps), its 48-lane ones of 4 to 6 (4 and 8)."""
     if defers(sig, modes, B):
         return max(RUN_MIN_STEPS, _pow2(n))
-    room = 1 << max(0, (RUN_LANE_STEPS // B).bit_length() - 1)  # a power of two, floored
+    room = min(RUN_LANE_STEPS // B, RUN_VALUE_ELEMENTS // (B * sig.value_elements))
+    room = 1 << max(0, room.bit_length() - 1)  # a power of two, floored
     return min(RUN_MAX_STEPS, max(RUN_MIN_STEPS, room))
 
 

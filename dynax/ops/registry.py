@@ -112,8 +112,8 @@ class Signature:
 
     __slots__ = ("sid", "op", "kinds", "statics", "params", "param_pos", "in_akeys",
                  "out_akeys", "multi", "bounds", "n_ints", "kernels", "has_params",
-                 "values_only", "family", "param_elements", "lane_work", "repeats",
-                 "__weakref__")
+                 "values_only", "family", "param_elements", "value_elements", "lane_work",
+                 "repeats", "__weakref__")
 
     def __init__(self, sid, op, kinds, statics, params, param_pos, in_akeys, out_akeys,
                  multi, bounds):
@@ -132,6 +132,7 @@ class Signature:
         self.kernels: dict = {}  # executor's cache of jitted kernels (its family's)
         self.family: Signature = self  # what its kernels are compiled from (see below)
         self.param_elements = 0  # elements of its parameters: about a lane's multiply-adds
+        self.value_elements = 1  # elements of a lane's values, read and written
         # a lane's work in elements, its parameters' or its values' (what it reads and
         # writes), whichever is larger: it sizes padding and how hard XLA optimises
         self.lane_work = 1
@@ -331,10 +332,11 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
                            sig.in_akeys, out_akeys, multi, bounds)
         family.has_params = bool(params)
         family.param_elements = sum(int(np.prod(p.shape)) for p in params)
-        values = sum(AKEY_SIZE[a] for a in sig.in_akeys + out_akeys)
-        family.lane_work = max(1, family.param_elements, values)
+        family.value_elements = max(1, sum(AKEY_SIZE[a] for a in sig.in_akeys + out_akeys))
+        family.lane_work = max(family.param_elements, family.value_elements)
         op.kernel_families[kernel_key] = family
     sig.family, sig.kernels = family, family.kernels
     sig.param_elements, sig.lane_work = family.param_elements, family.lane_work
+    sig.value_elements = family.value_elements
     _LIVE.add(sig)
     return sig

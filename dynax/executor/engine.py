@@ -354,13 +354,13 @@ class Engine:
             ahead = Ahead()
             for run, _ in held:
                 params = tuple(p._value for p in run[0][0].params)
-                for kern, step, chunk, T in self._launches(run):
+                for kern, _, chunk, T in self._launches(run):
                     if is_new(kern.fn):
                         packet = _packet(chunk, T)
                         args = self._forward_args(kern, params, packet)
                         if T:
                             args += (self.residuals.spare(
-                                kern, lambda: run_residuals(step, args[:3] + (packet[0],),
+                                kern, lambda: run_residuals(kern, args[:3] + (packet[0],),
                                                             T)),)
                         ahead.submit(kern.fn, args)
         for run, n_kernels in held:
@@ -605,7 +605,7 @@ class Engine:
         pool = None
         if T:  # a run: residual buffers from the pool, back there when the graph retires
             stacked, pool = self.residuals.take(
-                kern, lambda: run_residuals(step, args[:3] + (packet[0],), T))
+                kern, lambda: run_residuals(kern, args[:3] + (packet[0],), T))
             args += (stacked,)
         new, saved = kern.fn(*args)
         for a, arr in zip(kern.write_akeys, new):

@@ -42,6 +42,7 @@ class Kernel(NamedTuple):
     read_akeys: tuple  # arenas only read
     meta: dict  # forward kernels saving residuals: their vjp's pytree structure
     body: Callable  # fn unjitted: a run's loop calls it (a nested jit takes no compiler options)
+    step: "Kernel | None" = None  # a forward run kernel's: the single kernel it loops
 
 
 QUICK_MAX_WORK = 1 << 13  # padded lanes x a lane's work (elements), at most, for a kernel
@@ -480,16 +481,17 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
         return lax.fori_loop(0, run_steps(packets), body, (warenas, stacked))
 
     k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}_T{T}", (0, 4), B * sig.lane_work),
-               step.write_akeys, step.read_akeys, step.meta, kernel)
+               step.write_akeys, step.read_akeys, step.meta, kernel, step)
     sig.kernels[key] = k
     return k
 
 
-def run_residuals(step: Kernel, args: tuple, T: int) -> tuple:
-    """The shapes of a run kernel's ``stacked`` buffers: room for ``T`` steps of what the
-    single ``step`` kernel saves, given that kernel's arguments ``args`` (a run's first
-    step's packet; traced only)."""
-    shapes = jax.eval_shape(lambda *a: step.body(*a, pack=False), *args)[1]
+def run_residuals(run: Kernel, args: tuple, T: int) -> tuple:
+    """The shapes of a forward ``run`` kernel's ``stacked`` buffers: room for ``T`` steps of
+    what its single kernel saves, given that kernel's arguments ``args`` (a run's first
+    step's packet; traced only). Its own single kernel's, not the one a launch found: an
+    evaluation reuses trained kernels, and the two need not share gradient flags."""
+    shapes = jax.eval_shape(lambda *a: run.step.body(*a, pack=False), *args)[1]
     return tuple(jax.ShapeDtypeStruct((T,) + s.shape, s.dtype) for s in shapes)
 
 

@@ -1,9 +1,9 @@
 """Fused runs: consecutive batches of one kernel (an RNN over a single sentence: one 1-lane
 step per word) run as one launch of a loop with room for a number of steps (a narrow run's:
 the next power of two, at least 4; a wide one's: fixed per size), the steps it lacks
-padding that never runs. Values and gradients must equal
-the node-by-node reference and ``jax.grad`` of the same math, for runs filling their
-kernel or not, with and without residuals, and for a loss in the middle of a run."""
+padding that never runs. Values and gradients must equal the node-by-node reference and
+``jax.grad`` of the same math, for runs filling their kernel or not, with and without
+residuals, and for a loss in the middle of a run."""
 from __future__ import annotations
 
 import jax
@@ -316,7 +316,7 @@ def test_run_residual_buffers_come_back_for_the_next_graph(monkeypatch):
         for g, j in zip(grads, jax.grad(loss_fn)(vals)):
             np.testing.assert_allclose(g, j, **TOL)
     dx.renew_cg()
-    (kernel_fn, free), = [(fn, free) for fn, free in _pool().free.items()
+    (_, free), = [(fn, free) for fn, free in _pool().free.items()
                           if fn in {k.fn for k in _run_kernels().values()}]
     assert len(free) == 1 and all(b.shape[0] == 16 for b in free[0])
     dx.release_memory()

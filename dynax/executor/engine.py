@@ -32,7 +32,7 @@ from .early import DroppedGradients, EarlyBackward, may_run_early
 from .validity import check_argument_grads, check_block, check_forward, check_param_grads
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
                       compile_clear, defers, forward_kernel, forward_run_kernel,
-                      load_block, packet_offsets, run_residuals, seed_gradient)
+                      load_block, packet_offsets, seed_gradient)
 from .merges import merged_groups
 from .repeats import RepeatGate, repeated_lanes
 from .replay import Recording
@@ -356,12 +356,9 @@ class Engine:
                 params = tuple(p._value for p in run[0][0].params)
                 for kern, _, chunk, T in self._launches(run):
                     if is_new(kern.fn):
-                        packet = _packet(chunk, T)
-                        args = self._forward_args(kern, params, packet)
+                        args = self._forward_args(kern, params, _packet(chunk, T))
                         if T:
-                            args += (self.residuals.spare(
-                                kern, lambda: run_residuals(kern, args[:3] + (packet[0],),
-                                                            T)),)
+                            args += (self.residuals.spare(kern, args, T),)
                         ahead.submit(kern.fn, args)
         for run, n_kernels in held:
             self._launch_checked(g, run, n_kernels, ahead)
@@ -604,8 +601,7 @@ class Engine:
         args = self._forward_args(kern, param_values, packet)
         pool = None
         if T:  # a run: residual buffers from the pool, back there when the graph retires
-            stacked, pool = self.residuals.take(
-                kern, lambda: run_residuals(kern, args[:3] + (packet[0],), T))
+            stacked, pool = self.residuals.take(kern, args, T)
             args += (stacked,)
         new, saved = kern.fn(*args)
         for a, arr in zip(kern.write_akeys, new):

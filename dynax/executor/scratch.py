@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from ..device import get_device
+from .kernels import run_residuals
 
 
 class ResidualPool:
@@ -27,22 +28,22 @@ class ResidualPool:
     def __init__(self):
         self.free: dict = {}  # a run kernel's jitted function -> [buffer tuples]
 
-    def take(self, kern, shapes) -> tuple[tuple, list]:
-        """A set of buffers for a launch of ``kern`` (of ``shapes``, ShapeDtypeStructs:
-        ``kernels.run_residuals``, a callable so that they are traced only when a set is
-        made), and the list it goes back to (``give_back``)."""
+    def take(self, kern, args: tuple, T: int) -> tuple[tuple, list]:
+        """A set of buffers for a launch of the run kernel ``kern`` with room for ``T``
+        steps, given its other arguments ``args`` (``Engine._forward_args``), and the list
+        it goes back to (``give_back``)."""
         free = self.free.setdefault(kern.fn, [])
         while free:
             got = free.pop()
             if not any(b.is_deleted() for b in got):  # not lost to a failed launch
                 return got, free
-        return _new(shapes()), free
+        return _made(kern, args, T), free
 
-    def spare(self, kern, shapes) -> tuple:
+    def spare(self, kern, args: tuple, T: int) -> tuple:
         """A set for lowering ``kern`` (``ahead.py``), left in the pool."""
         free = self.free.setdefault(kern.fn, [])
         if not free:
-            free.append(_new(shapes()))
+            free.append(_made(kern, args, T))
         return free[-1]
 
     def clear(self) -> None:
@@ -55,6 +56,11 @@ def give_back(batches) -> None:
     for b in batches:
         if b.pool is not None and b.saved:
             b.pool.append(b.saved)
+
+
+def _made(kern, args: tuple, T: int) -> tuple:
+    # the shapes are traced from the run's first step (its packets' first row)
+    return _new(run_residuals(kern, args[:3] + (args[3][0],), T))
 
 
 def _new(shapes) -> tuple:

@@ -97,18 +97,146 @@ def _run_kernels():
 
 
 def test_runs_up_to_a_kernels_capacity_share_it():
-    """Runs of 3 and 4 steps launch one kernel of 4 steps, compiled once (the number of
-    steps is data); a lone step launches its single kernel. (Values and gradients:
-    test_a_run_equals_node_by_node_and_jax_grad.)"""
+    """Runs of 1, 3 and 4 steps launch one kernel of 4 steps, compiled once (the number of
+    steps is data): a lone step continuing its sequence in its forward pass launches it
+    too (``engine._chain_step``), where it used to compile a single kernel of its own.
+    (Values and gradients: test_a_run_equals_node_by_node_and_jax_grad and
+    test_a_lone_step_of_a_sequence_runs_in_its_run_kernel.)"""
     _clear_kernels()
     xs, _ = _data(5, seed=5)
-    stats = _forward_steps(xs[:2])  # the first step (its own kernel), then a lone step
-    assert _run_kernels() == {} and stats["launches"] == 2
-    for n in (4, 5):  # runs of 3 and 4
+    for n in (2, 4, 5):  # the first step (its own kernel), then runs of 1, 3 and 4
         stats = _forward_steps(xs[:n])
         assert (stats["launches"], stats["batches"]) == (2, n), stats
         (key, kern), = _run_kernels().items()
         assert key[-1] == 4 and kern.fn._cache_size() == 1, (key, kern.fn._cache_size())
+
+
+def _single_kernels():
+    """The LSTM's forward kernels of one batch: ``{key: kernel}``."""
+    mine = set(PC.parameters())
+    return {key: k for sig in live_signatures() if mine & set(sig.params)
+            for key, k in sig.kernels.items() if key[0] == "fwd" and k.fn._cache_size()}
+
+
+@pytest.mark.parametrize("strategy", ["depth", "agenda"])
+def test_a_lone_step_of_a_sequence_runs_in_its_run_kernel(strategy):
+    """Two sentences of 3 and 2 words: after the first step (a kernel of its own: no
+    gradient flows into the zero state), a 2-lane step and then the longer sentence's
+    1-lane step run, each alone; both continue their sequences in this forward pass, so
+    they launch run kernels instead of single kernels of their own. Values and gradients
+    equal the node-by-node reference and jax.grad."""
+    _clear_kernels()
+    data = [_data(n, seed=60 + n) for n in (3, 2)]
+
+    def run(strategy):
+        for p in PC.parameters():
+            p.zero_grad()
+        cg = dx.renew_cg(autobatch=strategy)
+        hss = [LSTM.initial_state().transduce([dx.input(x) for x in xs]) for xs, _ in data]
+        dx.forward([h for hs in hss for h in hs])
+        loss = dx.esum([dx.dot_product(h, dx.input(w))
+                        for hs, (_, ws) in zip(hss, data) for h, w in zip(hs, ws)])
+        value = loss.scalar_value()
+        loss.backward()
+        return value, [np.asarray(p.grad) for p in PC.parameters()], cg
+
+    value, grads, cg = run(strategy)
+    lanes = sorted(int(b.packet[0, 0]) for b in cg.batches
+                   if b.sig.op.sequence_step and b.packet.ndim == 2)
+    assert lanes == [1, 2], lanes  # the lone second and third steps ran as runs
+    assert len(_single_kernels()) == 1, _single_kernels().keys()  # the first step's only
+    ref_value, ref_grads, _ = run("none")
+    vals = [p.value for p in PC.parameters()]
+
+    def loss_fn(vals):
+        return sum(jnp.dot(h, w) for xs, ws in data for h, w in zip(ref_states(vals, xs), ws))
+
+    np.testing.assert_allclose(value, ref_value, **TOL)
+    np.testing.assert_allclose(value, loss_fn(vals), **TOL)
+    for g, r, j in zip(grads, ref_grads, jax.grad(loss_fn)(vals)):
+        np.testing.assert_allclose(g, r, **TOL)
+        np.testing.assert_allclose(g, j, **TOL)
+    _clear_kernels()
+
+
+def test_a_lone_step_running_its_distinct_lanes_only_keeps_its_single_kernel(monkeypatch):
+    """Two identical sentences: each step's second lane repeats its first, and a step run
+    on its distinct lanes only (repeats.py) is launched alone with a packet of its own
+    layout, which a run kernel cannot read; values and gradients equal jax.grad."""
+    monkeypatch.setattr(engine_module, "REPEATS_MIN_WORK", 1)
+    _clear_kernels()
+    xs, ws = _data(3, seed=90)
+    for p in PC.parameters():
+        p.zero_grad()
+    cg = dx.renew_cg(autobatch="agenda")
+    inputs = [dx.input(x) for x in xs]  # both read the same values: their lanes repeat
+    hss = [LSTM.initial_state().transduce(inputs) for _ in range(2)]
+    dx.forward([h for hs in hss for h in hs])
+    assert cg.stats()["repeated_lanes"] > 0 and _run_kernels() == {}
+    loss = dx.esum([dx.dot_product(h, dx.input(w)) for hs in hss for h, w in zip(hs, ws)])
+    value = loss.scalar_value()
+    loss.backward()
+    vals = [p.value for p in PC.parameters()]
+
+    def loss_fn(vals):
+        return 2 * sum(jnp.dot(h, w) for h, w in zip(ref_states(vals, xs), ws))
+
+    np.testing.assert_allclose(value, loss_fn(vals), **TOL)
+    for p, j in zip(PC.parameters(), jax.grad(loss_fn)(vals)):
+        np.testing.assert_allclose(p.grad, j, **TOL)
+
+
+def test_a_sequence_stepped_one_forward_pass_at_a_time_launches_single_kernels():
+    """A decoder's steps, one ``dx.forward`` each, read states of earlier passes: they
+    launch the single kernel (a run kernel's launch would hold a residual buffer set with
+    room for a whole run per step) and equal jax.grad."""
+    _clear_kernels()
+    from dynax.graph.computation_graph import _engine
+    dx.release_memory()
+    xs, ws = _data(5, seed=70)
+    for p in PC.parameters():
+        p.zero_grad()
+    cg = dx.renew_cg(autobatch="agenda")
+    state, hs = LSTM.initial_state(), []
+    for x in xs:
+        state = state.add_input(dx.input(x))
+        hs.append(state.output())
+        dx.forward([hs[-1]])
+    loss = dx.esum([dx.dot_product(h, dx.input(w)) for h, w in zip(hs, ws)])
+    value = loss.scalar_value()
+    loss.backward()
+    assert _run_kernels() == {} and not any(b.packet.ndim == 2 for b in cg.batches)
+    assert _engine().residuals.free == {}
+    vals = [p.value for p in PC.parameters()]
+
+    def loss_fn(vals):
+        return sum(jnp.dot(h, w) for h, w in zip(ref_states(vals, xs), ws))
+
+    np.testing.assert_allclose(value, loss_fn(vals), **TOL)
+    for p, j in zip(PC.parameters(), jax.grad(loss_fn)(vals)):
+        np.testing.assert_allclose(p.grad, j, **TOL)
+
+
+def test_a_step_of_a_user_function_keeps_its_single_kernel_when_alone():
+    """Only dx.nn's RNN cells are marked as sequence steps: a lone step of a user's
+    recurrent @dx.function (a tree's composition, say) launches its single kernel."""
+    @dx.function
+    def cell(h, z, W):
+        return jnp.tanh(W @ h + z)
+
+    pc = dx.ParameterCollection(seed=1)
+    W = pc.add_parameters((HID, HID))
+    dx.renew_cg(autobatch="agenda")
+    x = np.ones(HID, np.float32)
+    h1 = cell(dx.input(x), dx.input(x), W)
+    h2 = cell(h1, dx.square(h1), W)  # a batch of squares between the two steps
+    dx.forward([h2])
+    assert cell.op.sequence_step is False
+    w = np.asarray(W.value)
+    r1 = np.tanh(w @ x + x)
+    np.testing.assert_allclose(h2.npvalue(), np.tanh(w @ r1 + r1 ** 2), **TOL)
+    kinds = {key[0] for sig in live_signatures() if W in sig.params for key in sig.kernels}
+    assert kinds == {"fwd"}, kinds
 
 
 def test_a_runs_residuals_are_stacked_one_buffer_each():
@@ -321,6 +449,28 @@ def test_run_residual_buffers_come_back_for_the_next_graph(monkeypatch):
     assert len(free) == 1 and all(b.shape[0] == 16 for b in free[0])
     dx.release_memory()
     assert _pool().free == {}
+    _clear_kernels()
+
+
+def test_a_run_kernels_buffer_shapes_are_traced_once(monkeypatch):
+    """Two runs of one kernel in one graph hold a buffer set each; the second set is made
+    from the shapes traced for the first (tracing a step cost ~0.2 s on a slow machine)."""
+    from dynax.executor import scratch
+    _wide(monkeypatch, 16)
+    dx.release_memory()
+    traced, made = [], []
+    real_trace, real_new = scratch.run_residuals, scratch._new
+    monkeypatch.setattr(scratch, "run_residuals",
+                        lambda *a: traced.append(1) or real_trace(*a))
+    monkeypatch.setattr(scratch, "_new", lambda shapes: made.append(1) or real_new(shapes))
+    xs, _ = _data(6, seed=80)
+    cg = dx.renew_cg(autobatch="agenda")
+    for _ in range(2):  # two forward passes: two launches, each keeping its set
+        dx.forward(LSTM.initial_state().transduce([dx.input(x) for x in xs]))
+    runs = [b for b in cg.batches if b.packet.ndim == 2]
+    assert len(runs) == 2 and runs[0].saved[0] is not runs[1].saved[0]
+    assert (len(made), len(traced)) == (2, 1), (made, traced)
+    dx.release_memory()
     _clear_kernels()
 
 

@@ -43,6 +43,7 @@ ARENA_START_BYTES = 1 << 20  # a new arena holds at least this much (then grows 
 GROW_HEADROOM = 1.25  # a grown arena holds this many times what was asked (see _grow)
 GROW_FAST_BYTES = 64 << 20  # arenas smaller than this grow 4x at a time, larger ones 2x
 UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
+LONE_CHAIN_RUNS = True  # a lone step of a sequence runs as its size's run (_chain_step)
 FUSE_RUNS = True  # consecutive batches of one kernel run as one loop (see _launches)
 AHEAD_COMPILE = True  # a pass's new kernels compile side by side (see ahead.py)
 REPLAY_PREPARED = True  # a reused plan's batches are prepared as last time (see replay.py)
@@ -343,7 +344,7 @@ class Engine:
         """Whether ``run`` launches a kernel that has not run yet, so that the runs from it
         on are held back and their new kernels compiled side by side (``ahead.py``)."""
         return (AHEAD_COMPILE and not g.check_validity
-                and any(is_new(launch[0].fn) for launch in self._launches(run)))
+                and any(is_new(launch[0].fn) for launch in self._launches(g, run)))
 
     def _launch_held(self, g, held: list) -> None:
         """Launch the ``held`` runs (``(run, kernels its signature had before)``) in order,
@@ -354,7 +355,7 @@ class Engine:
             ahead = Ahead()
             for run, _ in held:
                 params = tuple(p._value for p in run[0][0].params)
-                for kern, _, chunk, T in self._launches(run):
+                for kern, _, chunk, T in self._launches(g, run):
                     if is_new(kern.fn):
                         args = self._forward_args(kern, params, _packet(chunk, T))
                         if T:
@@ -542,7 +543,7 @@ class Engine:
         gate.saw(found is not None)
         return found
 
-    def _launches(self, run):
+    def _launches(self, g, run):
         """The launches of consecutive prepared batches of one kernel: ``(kernel, step
         kernel, batches, T)``, ``T`` the capacity of a run kernel, 0 for a single batch's.
 
@@ -563,7 +564,8 @@ class Engine:
         step = forward_kernel(sig, modes, B, gflags, run[0][6])
         kern = None
         # runs longer than one form only where _forward fuses (not 'none', no validity checks)
-        if len(run) > 1 and B * sig.param_elements <= FUSE_MAX_MACS:
+        if (len(run) > 1 or LONE_CHAIN_RUNS and _chain_step(g, run[0])) and \
+                B * sig.param_elements <= FUSE_MAX_MACS:
             T = _run_capacity(sig, modes, B, len(run))
             kern = forward_run_kernel(sig, modes, B, gflags, T)
         if kern is None:  # one launch per batch
@@ -577,7 +579,7 @@ class Engine:
         """Run consecutive prepared batches of one kernel (``_launches``), each launch
         waiting for its kernel's compilation if ``ahead`` has it in flight."""
         sig, modes, B, gflags = run[0][:4]
-        for kern, step, chunk, T in self._launches(run):
+        for kern, step, chunk, T in self._launches(g, run):
             if ahead is not None:
                 ahead.wait(kern.fn)
             nodes = chunk[0][5] if len(chunk) == 1 else [nd for r in chunk for nd in r[5]]
@@ -1078,6 +1080,27 @@ def _noting_backward(batch):
         e.add_note(f"dynax: while running the backward pass of a batch of {len(nodes)} "
                    f"'{sig.op.name}' node(s) (the first built as node {nodes[0]})")
         raise
+
+
+def _chain_step(g, step) -> bool:
+    """Whether a lone prepared batch continues a sequence within this forward pass: its op
+    is an RNN's step (``OpDef.sequence_step``) and its first node reads a state made by a
+    node of its own signature that this pass computes (``g.computed`` moves on at its end).
+
+    Such a batch launches the run kernel of its size (``_launches``), which the longer
+    runs of its sequences use, instead of a single kernel of its own. Not where the state
+    came from an earlier pass (a decoder stepped one ``dx.forward`` at a time): each
+    launch holds a residual buffer set with room for a whole run (``scratch.py``), and one
+    step per pass would hold a set per step."""
+    sig = step[0]
+    if not sig.op.sequence_step or step[6] or g.autobatch == "none" or g.check_validity:
+        return False
+    sigs, val_node, first = g.node_sig, g.val_node, g.computed
+    for v in g.node_vals[step[5][0]]:
+        n = val_node[v]
+        if n >= first and sigs[n] is sig:
+            return True
+    return False
 
 
 def _run_capacity(sig, modes: tuple, B: int, n: int) -> int:

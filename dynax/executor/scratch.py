@@ -27,6 +27,7 @@ class ResidualPool:
 
     def __init__(self):
         self.free: dict = {}  # a run kernel's jitted function -> [buffer tuples]
+        self.shapes: dict = {}  # a run kernel's jitted function -> its buffers' shapes
 
     def take(self, kern, args: tuple, T: int) -> tuple[tuple, list]:
         """A set of buffers for a launch of the run kernel ``kern`` with room for ``T``
@@ -37,17 +38,28 @@ class ResidualPool:
             got = free.pop()
             if not any(b.is_deleted() for b in got):  # not lost to a failed launch
                 return got, free
-        return _made(kern, args, T), free
+        return self._made(kern, args, T), free
 
     def spare(self, kern, args: tuple, T: int) -> tuple:
         """A set for lowering ``kern`` (``ahead.py``), left in the pool."""
         free = self.free.setdefault(kern.fn, [])
         if not free:
-            free.append(_made(kern, args, T))
+            free.append(self._made(kern, args, T))
         return free[-1]
 
     def clear(self) -> None:
         self.free.clear()
+        self.shapes.clear()
+
+    def _made(self, kern, args: tuple, T: int) -> tuple:
+        """A new set for ``kern``. Its shapes are traced once per kernel (from the run's
+        first step: its packets' first row): tracing took ~0.2 s a set on a slow machine,
+        and a graph needing one set more than any before it makes one in steady state
+        (the tagger: 6 over its updates 6 to 25)."""
+        shapes = self.shapes.get(kern.fn)
+        if shapes is None:
+            shapes = self.shapes[kern.fn] = run_residuals(kern, args[:3] + (args[3][0],), T)
+        return _new(shapes)
 
 
 def give_back(batches) -> None:
@@ -56,11 +68,6 @@ def give_back(batches) -> None:
     for b in batches:
         if b.pool is not None and b.saved:
             b.pool.append(b.saved)
-
-
-def _made(kern, args: tuple, T: int) -> tuple:
-    # the shapes are traced from the run's first step (its packets' first row)
-    return _new(run_residuals(kern, args[:3] + (args[3][0],), T))
 
 
 def _new(shapes) -> tuple:

@@ -555,6 +555,11 @@ class BiRNNBuilder:
         return [ops.concatenate([f.output(), b.output()]) for f, b in self.add_inputs(xs)]
 
 
+for _cell in (_rnn_cell, _rnn_cell_dropout, _lstm_cell, _lstm_cell_dropout, _coupled_lstm_cell,
+              _coupled_lstm_cell_dropout, _gru_cell, _gru_cell_dropout):
+    _cell.op.sequence_step = True  # lone steps continuing a sequence run as runs (engine.py)
+
+
 # ---- both directions in one node per step ----------------------------------------------------
 
 _PAIRED: dict = {}  # (cell Function, split) -> the Function running two steps of it
@@ -582,6 +587,7 @@ def _paired(cell, split: bool = False):
 
         step_both.__qualname__ = f"bidirectional{'_split' if split else ''}{cell.op.name}"
         both = _PAIRED[cell, split] = function(step_both)
+        both.op.sequence_step = True
     return both
 
 

@@ -42,7 +42,7 @@ class OpDef:
     parameter instead (``signature_table``), so a dropped model goes with its own."""
 
     __slots__ = ("name", "fn", "cost", "check", "index_bounds", "row_gather", "neg_inf_ok",
-                 "stops_gradient", "signatures", "kernel_families", "appenders",
+                 "stops_gradient", "sequence_step", "signatures", "kernel_families", "appenders",
                  "__weakref__")
 
     def __init__(self, name: str, fn: Callable, cost: int = CHEAP,
@@ -69,6 +69,9 @@ class OpDef:
         # unread by it (``engine._loss_ancestors``), so what only it reads is not
         # differentiated
         self.stops_gradient = stops_gradient
+        # An RNN's step (``dx.nn``'s cells): a lone batch of it continuing a sequence in
+        # its forward pass runs through its size's run kernel (``engine._chain_step``)
+        self.sequence_step = False
         self.signatures: dict = {}  # key -> Signature, for keys without a parameter
         self.kernel_families: dict = {}  # kernel key -> the family's Signature
         self.appenders: dict = {}  # kinds -> generated node appender (graph/appenders.py)

@@ -551,20 +551,22 @@ class Engine:
         with room for ``_run_capacity`` steps, one launch per that many: per signature and
         size one kernel serves every run, where loops of exact power-of-two lengths took two
         or three (7 steps: 4, 2, 1; the tagger's first 5 updates: 122 -> 104 compilations).
-        A lone step launches its single kernel. In the loop it saved kernels where runs
-        are common (tagger: 90 compilations) but none where they are rare (a Tree-LSTM's
-        levels), where a loop compiles slower and then zero-filled room for 4 steps'
-        residuals (Tree-LSTM, ``--quick``, 3 alternated rounds: 1,164 -> 1,099 trees/s);
-        and taking the loop only once runs had compiled it made the bits depend on the
-        kernel cache's history (the loop rounds differently). Large steps run one launch
+        A lone step launches its single kernel, unless it continues a sequence in this pass
+        (``_chain_step``): in the loop lone steps saved kernels where runs are common
+        (tagger: 90 compilations) but none where they are rare (a Tree-LSTM's levels),
+        where a loop compiles slower (and then zero-filled room for 4 steps' residuals:
+        Tree-LSTM, ``--quick``, 3 alternated rounds: 1,164 -> 1,099 trees/s); and taking
+        the loop only once runs had compiled it made the bits depend on the kernel cache's
+        history (the loop rounds differently). Large steps run one launch
         each (measured on the synthetic BiLSTM's 64-lane steps: a loop costs the device
         more than the launches it saves).
         """
         sig, modes, B, gflags = run[0][:4]
         step = forward_kernel(sig, modes, B, gflags, run[0][6])
         kern = None
-        # runs longer than one form only where _forward fuses (not 'none', no validity checks)
-        if (len(run) > 1 or LONE_CHAIN_RUNS and _chain_step(g, run[0])) and \
+        # runs longer than one form only where _forward fuses (not 'none', no validity
+        # checks); _chain_step asks the same of a lone step
+        if (len(run) > 1 or _chain_step(g, run[0])) and \
                 B * sig.param_elements <= FUSE_MAX_MACS:
             T = _run_capacity(sig, modes, B, len(run))
             kern = forward_run_kernel(sig, modes, B, gflags, T)
@@ -1093,7 +1095,8 @@ def _chain_step(g, step) -> bool:
     launch holds a residual buffer set with room for a whole run (``scratch.py``), and one
     step per pass would hold a set per step."""
     sig = step[0]
-    if not sig.op.sequence_step or step[6] or g.autobatch == "none" or g.check_validity:
+    if not (LONE_CHAIN_RUNS and FUSE_RUNS and sig.op.sequence_step) or step[6] or \
+            g.autobatch == "none" or g.check_validity:  # step[6]: its distinct lanes only
         return False
     sigs, val_node, first = g.node_sig, g.val_node, g.computed
     for v in g.node_vals[step[5][0]]:

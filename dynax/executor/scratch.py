@@ -53,9 +53,9 @@ class ResidualPool:
 
     def _made(self, kern, args: tuple, T: int) -> tuple:
         """A new set for ``kern``. Its shapes are traced once per kernel (from the run's
-        first step: its packets' first row): tracing took ~0.2 s a set on a slow machine,
-        and a graph needing one set more than any before it makes one in steady state
-        (the tagger: 6 over its updates 6 to 25)."""
+        first step: its packets' first row): tracing took 20-300 ms a set on a slow
+        machine, and sets are made in steady state too, where a graph needs one more than
+        any before it (the tagger made 6 over its updates 6 to 25)."""
         shapes = self.shapes.get(kern.fn)
         if shapes is None:
             shapes = self.shapes[kern.fn] = run_residuals(kern, args[:3] + (args[3][0],), T)

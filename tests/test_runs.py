@@ -165,6 +165,9 @@ def test_a_lone_step_running_its_distinct_lanes_only_keeps_its_single_kernel(mon
     layout, which a run kernel cannot read; values and gradients equal jax.grad."""
     monkeypatch.setattr(engine_module, "REPEATS_MIN_WORK", 1)
     _clear_kernels()
+    dx.release_memory()  # no plan reused (a replayed one looks for no repeats)
+    for sig in live_signatures():
+        sig.repeats = None  # looked for in the next batch (earlier tests' found none)
     xs, ws = _data(3, seed=90)
     for p in PC.parameters():
         p.zero_grad()

@@ -57,6 +57,17 @@ def _run(strategy, xs, ws, upto=None, train=True):
         cg.stats()
 
 
+def _check(value, grads, ref_value, ref_grads, loss_fn):
+    """``value`` and ``grads`` equal the node-by-node reference's and those of ``loss_fn``
+    (the same math in plain JAX, over the LSTM's parameter values) and ``jax.grad``."""
+    vals = [p.value for p in PC.parameters()]
+    np.testing.assert_allclose(value, ref_value, **TOL)
+    np.testing.assert_allclose(value, loss_fn(vals), **TOL)
+    for g, r, j in zip(grads, ref_grads, jax.grad(loss_fn)(vals)):
+        np.testing.assert_allclose(g, r, **TOL)
+        np.testing.assert_allclose(g, j, **TOL)
+
+
 # the first step differs (no gradient flows into its zero state): runs of n-1 steps, in
 # kernels of 4 (2 of them padding), 4 (full), 8 (1 padding), 16 (4)
 @pytest.mark.parametrize("n", [3, 5, 8, 13])
@@ -72,14 +83,10 @@ def test_a_run_equals_node_by_node_and_jax_grad(strategy, n):
     def loss_fn(vals):
         return sum(jnp.dot(h, w) for h, w in zip(ref_states(vals, xs), ws))
 
-    np.testing.assert_allclose(value, ref_value, **TOL)
-    np.testing.assert_allclose(value, loss_fn(vals), **TOL)
+    _check(value, grads, ref_value, ref_grads, loss_fn)
     for h, r, j in zip(hs, ref_hs, ref_states(vals, xs)):
         np.testing.assert_allclose(h, r, **TOL)
         np.testing.assert_allclose(h, j, **TOL)
-    for g, r, j in zip(grads, ref_grads, jax.grad(loss_fn)(vals)):
-        np.testing.assert_allclose(g, r, **TOL)
-        np.testing.assert_allclose(g, j, **TOL)
 
 
 def _forward_steps(xs):
@@ -146,16 +153,11 @@ def test_a_lone_step_of_a_sequence_runs_in_its_run_kernel(strategy):
     assert lanes == [1, 2], lanes  # the lone second and third steps ran as runs
     assert len(_single_kernels()) == 1, _single_kernels().keys()  # the first step's only
     ref_value, ref_grads, _ = run("none")
-    vals = [p.value for p in PC.parameters()]
 
     def loss_fn(vals):
         return sum(jnp.dot(h, w) for xs, ws in data for h, w in zip(ref_states(vals, xs), ws))
 
-    np.testing.assert_allclose(value, ref_value, **TOL)
-    np.testing.assert_allclose(value, loss_fn(vals), **TOL)
-    for g, r, j in zip(grads, ref_grads, jax.grad(loss_fn)(vals)):
-        np.testing.assert_allclose(g, r, **TOL)
-        np.testing.assert_allclose(g, j, **TOL)
+    _check(value, grads, ref_value, ref_grads, loss_fn)
     _clear_kernels()
 
 
@@ -408,18 +410,13 @@ def test_wide_runs_share_one_kernel_per_size_and_longer_runs_launch_it_again(
         steps = _forward_steps(xs)  # the first step, then the run's launches
         assert steps["launches"] == 1 + -(-(n - 1) // 4), (n, steps)
         assert {key[-1] for key in _run_kernels()} == {4}, _run_kernels().keys()
-        vals = [p.value for p in PC.parameters()]
 
         def loss_fn(vals):
             return sum(jnp.dot(h, w) for h, w in zip(ref_states(vals, xs), ws))
 
-        np.testing.assert_allclose(value, ref_value, **TOL)
-        np.testing.assert_allclose(value, loss_fn(vals), **TOL)
+        _check(value, grads, ref_value, ref_grads, loss_fn)
         for h, r in zip(hs, ref_hs):
             np.testing.assert_allclose(h, r, **TOL)
-        for g, r, j in zip(grads, ref_grads, jax.grad(loss_fn)(vals)):
-            np.testing.assert_allclose(g, r, **TOL)
-            np.testing.assert_allclose(g, j, **TOL)
     _clear_kernels()
 
 
@@ -524,12 +521,7 @@ def test_a_runs_weight_gradients_accumulate_in_their_matmuls(monkeypatch):
         assert runs and all(jitted[n] is accumulates for n in runs), jitted
         assert not any(jitted[n] for n in jitted if n not in runs), jitted  # esum: no weights
         ref_value, ref_grads = _multi("none", seqs, ws)
-        vals = [p.value for p in PC.parameters()]
-        np.testing.assert_allclose(value, ref_value, **TOL)
-        np.testing.assert_allclose(value, loss_fn(vals), **TOL)
-        for g, r, j in zip(grads, ref_grads, jax.grad(loss_fn)(vals)):
-            np.testing.assert_allclose(g, r, **TOL)
-            np.testing.assert_allclose(g, j, **TOL)
+        _check(value, grads, ref_value, ref_grads, loss_fn)
     _clear_kernels()
 
 

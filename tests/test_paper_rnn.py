@@ -117,3 +117,46 @@ def test_long_list_reductions_match_numpy_and_stay_small(n):
         assert max(sizes) <= 16
         emax_nodes = [i for i in range(len(cg.node_sig)) if cg.node_sig[i].op.name == "emax"]
         assert len(emax_nodes) == (n > 1)  # one node (a single item is itself)
+
+
+_LIST_OPS = {  # name -> (dynax op, the same math in JAX over the stacked items)
+    "esum": (dx.esum, lambda xs: jnp.sum(xs, 0)),
+    "average": (dx.average, lambda xs: jnp.mean(xs, 0)),
+    "logsumexp": (dx.logsumexp, lambda xs: jax.nn.logsumexp(xs, axis=0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LIST_OPS))
+def test_long_list_chunks_are_all_one_width(name):
+    """Past 16 items every node of a chunked list reduction takes 16 arguments: a short
+    last chunk and the final node are padded like the full chunks, so each level runs as
+    one batch and lists of other lengths compile no new kernel. Values and the gradient
+    as the same math under jax.grad, and as the node-by-node reference."""
+    op, ref = _LIST_OPS[name]
+    pc = dx.ParameterCollection(seed=0)
+    a = pc.add_parameters((3,), name="a")
+    compiles = []
+    for n in (40, 37, 20, 300):  # 300: three levels, 19 chunks, then 2 (padded to 16)
+        data = np.random.default_rng(n).normal(size=(n, 3)).astype(np.float32)
+        want = jax.grad(lambda av: jnp.sum(ref(data * av[None])))(a.value)
+        results = {}
+        for strategy in ("none", "agenda"):
+            zero_grads(pc)
+            cg = dx.renew_cg(autobatch=strategy)
+            out = op([dx.input(d) * a for d in data])
+            dx.sum_elems(out).backward()
+            results[strategy] = (out.npvalue(), np.asarray(a.grad))
+            assert_close(results[strategy][0], ref(data * np.asarray(a.value)[None]),
+                         what=strategy)
+            assert_close(results[strategy][1], want, rtol=1e-4, what=strategy)
+            if strategy == "agenda":
+                compiles.append(cg.stats()["compiles"])
+                lists = [i for i in range(len(cg.node_sig))
+                         if cg.node_sig[i].op.name in ("esum", "average", "logsumexp")]
+                assert {len(cg.node_vals[i]) for i in lists} == {16}, n
+                batches = [b for b in cg.batches if b.sig.op.name in ("esum", name)]
+                levels = 1 + int(n > 16) + int(n > 256)
+                assert len(batches) == levels, (n, [len(b.nodes) for b in batches])
+        assert_close(results["agenda"][0], results["none"][0])
+        assert_close(results["agenda"][1], results["none"][1])
+    assert compiles[1] == compiles[2] == 0, compiles  # 37 and 20 items: 40's kernels

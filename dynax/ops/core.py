@@ -955,11 +955,11 @@ def _list_args(xs, opname):
     return out
 
 
-def _padded(op, xs, pad, extra_kinds="", extra=()):
-    """One node over ``xs`` padded to a power-of-two length, so lists of varying length
-    share a few signatures (bounded compilation)."""
+def _padded(op, xs, pad, extra_kinds="", extra=(), width=None):
+    """One node over ``xs`` padded to a power-of-two length (or to ``width``), so lists of
+    varying length share a few signatures (bounded compilation)."""
     n = len(xs)
-    full = xs + [pad] * (_bucket(n) - n)
+    full = xs + [pad] * ((width or _bucket(n)) - n)
     kinds = "".join("p" if not isinstance(x, Expression) else "v" for x in full)
     return _node(op, kinds + extra_kinds, full + list(extra))
 
@@ -971,13 +971,19 @@ MAX_LIST = 16  # longer lists reduce in chunks: one small kernel per chunk size,
 EMAX_MAX_LIST = 1024
 
 
-def _chunked(xs, node, limit=MAX_LIST):
-    """Reduce a long list in chunks of ``limit``, ``node(chunk)`` making one node of each
-    (the chunk nodes share a signature, so they run as one batch), until one node's worth
-    is left; returns that remaining list."""
+def _chunked(xs, node, limit=MAX_LIST, wide=True):
+    """Reduce a long list in chunks of ``limit``, ``node(chunk, width)`` making one node of
+    each, until one node's worth is left; returns that remaining list.
+
+    ``wide``: a short last chunk is padded to ``limit`` items too (``width``), so that the
+    chunk nodes share one signature and run as one batch, and every level of every long
+    list compiles the same kernels; padded to its power of two, the last chunk was a batch,
+    and a kernel, of its own. For short limits (16) only: emax's 1,024 would gather that
+    many rows of padding."""
+    width = limit if wide else None
     while len(xs) > limit:
         chunks = [xs[i:i + limit] for i in range(0, len(xs), limit)]
-        xs = [node(c) if len(c) > 1 else c[0] for c in chunks]
+        xs = [node(c, width) if len(c) > 1 else c[0] for c in chunks]
     return xs
 
 
@@ -1035,11 +1041,13 @@ def _list_op(fn):
     return op
 
 
-def _reduced(xs, node, limit, opname):
+def _reduced(xs, node, limit, opname, wide=True):
     """``xs`` reduced by ``node`` in chunks of at most ``limit``, then by one last node
-    (a single item is itself)."""
-    xs = _chunked(xs, node, limit)
-    return _as_expression(xs[0], opname) if len(xs) == 1 else node(xs)
+    (a single item is itself); with ``wide``, that node is as wide as the chunks' where
+    there were any (``_chunked``)."""
+    width = limit if wide and len(xs) > limit else None
+    xs = _chunked(xs, node, limit, wide)
+    return _as_expression(xs[0], opname) if len(xs) == 1 else node(xs, width)
 
 
 @_list_op
@@ -1048,15 +1056,16 @@ def esum(xs):
     return _reduced(xs, _esum_node, MAX_LIST, "esum")
 
 
-def _esum_node(xs):
-    return _padded(ESUM, xs, _zero_like(xs))
+def _esum_node(xs, width=None):
+    return _padded(ESUM, xs, _zero_like(xs), width=width)
 
 
 @_list_op
 def average(xs):
     """Mean of a list of expressions of one shape."""
     sums = _chunked(xs, _esum_node)
-    return _padded(AVERAGE, sums, _zero_like(sums), "i", (len(xs),))
+    return _padded(AVERAGE, sums, _zero_like(sums), "i", (len(xs),),
+                   MAX_LIST if len(xs) > MAX_LIST else None)
 
 
 @_list_op
@@ -1064,11 +1073,11 @@ def emax(xs):
     """Elementwise maximum of a list of expressions of one shape. Exact ties split the
     gradient equally among the tied items, as ``jnp.max`` does (up to EMAX_MAX_LIST items;
     beyond, per chunk of that many)."""
-    return _reduced(xs, _emax_node, EMAX_MAX_LIST, "emax")
+    return _reduced(xs, _emax_node, EMAX_MAX_LIST, "emax", wide=False)
 
 
-def _emax_node(xs):  # the count of real items masks the padding
-    return _padded(EMAX, xs, _zero_like(xs), "i", (len(xs),))
+def _emax_node(xs, width=None):  # the count of real items masks the padding
+    return _padded(EMAX, xs, _zero_like(xs), "i", (len(xs),), width)
 
 
 SUM_ELEMS = OpDef("sum_elems", jnp.sum, CHEAP)

@@ -342,8 +342,8 @@ def logsumexp(xs):
     return _reduced(xs, _logsumexp_node, MAX_LIST, "logsumexp")
 
 
-def _logsumexp_node(xs):  # the count of real items masks the padding
-    return _padded(LOGSUMEXP, xs, _zero_like(xs), "i", (len(xs),))
+def _logsumexp_node(xs, width=None):  # the count of real items masks the padding
+    return _padded(LOGSUMEXP, xs, _zero_like(xs), "i", (len(xs),), width)
 
 
 def _noise_fn(x, seed, node, stddev):

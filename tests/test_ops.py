@@ -937,6 +937,31 @@ def test_forward_fetches_values_together(strategy):
         dx.forward([np.ones(3)])
 
 
+def test_fetches_of_small_values_share_few_gather_sizes(monkeypatch):
+    """A step-by-step model fetches a different number of values at almost every step (a
+    parser's scores as its parsers finish); each padded row count is a gather kernel to
+    compile, so small values take the coarse ladder: fetching 1 to 64 three-element values
+    gathers 4, 16 or 64 rows, and every value read equals its node-by-node reference."""
+    from dynax.executor import engine
+    gathered = []
+    real = engine._gather_rows
+    monkeypatch.setattr(engine, "_gather_rows",
+                        lambda arena, rows: gathered.append(len(rows)) or real(arena, rows))
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 4), name="W")
+    xs = [np.full(4, i / 70, np.float32) for i in range(64)]
+    dx.renew_cg(autobatch="none")
+    want = [dx.tanh(W @ dx.input(x)).npvalue() for x in xs]
+    gathered.clear()  # the reference's reads gather one row each
+    for n in range(1, 65):
+        dx.renew_cg(autobatch="agenda")
+        hs = [dx.tanh(W @ dx.input(x)) for x in xs[:n]]
+        dx.forward(hs)
+        for h, w in zip(hs, want):
+            np.testing.assert_allclose(h.npvalue(), w, rtol=1e-6, atol=1e-6)
+    assert set(gathered) == {4, 16, 64}, sorted(set(gathered))
+
+
 @pytest.mark.parametrize("strategy", ["agenda", "depth", "none"])
 def test_binary_log_loss_of_saturated_predictions(strategy):
     """``logistic(z)`` rounds to exactly 1 (or 0) in float32 for |z| > ~17: the loss and

@@ -96,6 +96,16 @@ def _max_padding(n: int, sig) -> tuple:
     return max(n, min(3 * n, COARSE_MAX_WORK // w)), 3 * n
 
 
+def _fetched_rows(n: int, size: int) -> int:
+    """The rows a fetch of ``n`` values of ``size`` elements gathers (padded: one gather
+    kernel per arena shape and row count). Small values take the coarse ladder, as small
+    batches do (``_lanes``): a step-by-step model fetches a different number of values at
+    almost every step (a parser's scores as its parsers finish: 13 row counts, each a
+    kernel to compile, from 1 to 64), while the extra rows cost nothing to speak of."""
+    c = coarse_bucket(n)
+    return c if c * size <= COARSE_MAX_WORK else bucket(n)
+
+
 @jax.jit
 def _gather_rows(arena, rows):
     # jitted with a traced index: one compile per (arena shape, row count bucket); eager
@@ -648,7 +658,7 @@ class Engine:
                 by_akey.setdefault(g.val_akey[v], []).append(v)
         for akey, vs in by_akey.items():
             rows = [g.val_row[v] for v in vs]
-            rows += rows[:1] * (bucket(len(rows)) - len(rows))  # bounded compiles
+            rows += rows[:1] * (_fetched_rows(len(rows), AKEY_SIZE[akey]) - len(rows))
             host = np.asarray(_gather_rows(self.arenas[akey], np.asarray(rows, np.int32)))
             for j, v in enumerate(vs):
                 g.host_values[v] = host[j, ...]  # an ndarray even when 0-d

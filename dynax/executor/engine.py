@@ -66,10 +66,21 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _padded_count(n: int, work: int) -> int:
+    """``n`` rows (a batch's lanes, a fetch's values) of ``work`` elements each, padded:
+    each padded count is a kernel to compile. Small work takes the coarse ladder
+    (``coarse_bucket``) where the padded whole is at most ``COARSE_MAX_WORK`` elements, and
+    its padding costs microseconds; the rest the fine one (``bucket``). A fetch uses it as
+    batches do: a model stepped pass by pass fetches a different count at almost every
+    step (a parser's scores as its parsers finish: 13 row counts from 1 to 64, now 3)."""
+    c = coarse_bucket(n)
+    return c if c * work <= COARSE_MAX_WORK else bucket(n)
+
+
 def _lanes(n: int, sig) -> int:
     """The lanes a batch of n nodes of ``sig`` runs as: its bucket (1 for a lone node).
 
-    Small batches of small work take the coarse ladder (``coarse_bucket``): where a padded
+    Small batches of small work take the coarse ladder (``_padded_count``): where a padded
     kernel's whole work is at most ``COARSE_MAX_WORK`` elements, its padding costs
     microseconds, while every bucket is a kernel to compile (50-300 ms). A GAT's per-degree
     attention ops over 10 updates: 345 -> 195 compilations.
@@ -82,8 +93,7 @@ def _lanes(n: int, sig) -> int:
     """
     if n == 1:
         return 1
-    c = coarse_bucket(n)
-    return c if c * sig.lane_work <= COARSE_MAX_WORK else bucket(n)
+    return _padded_count(n, sig.lane_work)
 
 
 def _max_padding(n: int, sig) -> tuple:
@@ -94,16 +104,6 @@ def _max_padding(n: int, sig) -> tuple:
     if 4 * w > COARSE_MAX_WORK:  # never coarse
         return n, n
     return max(n, min(3 * n, COARSE_MAX_WORK // w)), 3 * n
-
-
-def _fetched_rows(n: int, size: int) -> int:
-    """The rows a fetch of ``n`` values of ``size`` elements gathers (padded: one gather
-    kernel per arena shape and row count). Small values take the coarse ladder, as small
-    batches do (``_lanes``): a step-by-step model fetches a different number of values at
-    almost every step (a parser's scores as its parsers finish: 13 row counts, each a
-    kernel to compile, from 1 to 64), while the extra rows cost nothing to speak of."""
-    c = coarse_bucket(n)
-    return c if c * size <= COARSE_MAX_WORK else bucket(n)
 
 
 @jax.jit
@@ -658,7 +658,7 @@ class Engine:
                 by_akey.setdefault(g.val_akey[v], []).append(v)
         for akey, vs in by_akey.items():
             rows = [g.val_row[v] for v in vs]
-            rows += rows[:1] * (_fetched_rows(len(rows), AKEY_SIZE[akey]) - len(rows))
+            rows += rows[:1] * (_padded_count(len(rows), AKEY_SIZE[akey]) - len(rows))
             host = np.asarray(_gather_rows(self.arenas[akey], np.asarray(rows, np.int32)))
             for j, v in enumerate(vs):
                 g.host_values[v] = host[j, ...]  # an ndarray even when 0-d

@@ -104,18 +104,20 @@ def _run_kernels():
 
 
 def test_runs_up_to_a_kernels_capacity_share_it():
-    """Runs of 1, 3 and 4 steps launch one kernel of 4 steps, compiled once (the number of
-    steps is data): a lone step continuing its sequence in its forward pass launches it
-    too (``engine._chain_step``), where it used to compile a single kernel of its own.
-    (Values and gradients: test_a_run_equals_node_by_node_and_jax_grad and
+    """Runs of 2, 3 and 4 steps launch one kernel of 4 steps, compiled once (the number of
+    steps is data). The first step, which reads the zero initial state (no gradient flows
+    into it), joins the run with the later steps' gradient flags
+    (``engine._joined_flags``), where it used to compile and launch a single kernel of its
+    own. (Values and gradients: test_a_run_equals_node_by_node_and_jax_grad and
     test_a_lone_step_of_a_sequence_runs_in_its_run_kernel.)"""
     _clear_kernels()
     xs, _ = _data(5, seed=5)
-    for n in (2, 4, 5):  # the first step (its own kernel), then runs of 1, 3 and 4
+    for n in (2, 3, 4):
         stats = _forward_steps(xs[:n])
-        assert (stats["launches"], stats["batches"]) == (2, n), stats
+        assert (stats["launches"], stats["batches"]) == (1, n), stats
         (key, kern), = _run_kernels().items()
         assert key[-1] == 4 and kern.fn._cache_size() == 1, (key, kern.fn._cache_size())
+    assert _single_kernels() == {}, _single_kernels().keys()
 
 
 def _single_kernels():
@@ -127,11 +129,12 @@ def _single_kernels():
 
 @pytest.mark.parametrize("strategy", ["depth", "agenda"])
 def test_a_lone_step_of_a_sequence_runs_in_its_run_kernel(strategy):
-    """Two sentences of 3 and 2 words: after the first step (a kernel of its own: no
-    gradient flows into the zero state), a 2-lane step and then the longer sentence's
-    1-lane step run, each alone; both continue their sequences in this forward pass, so
-    they launch run kernels instead of single kernels of their own. Values and gradients
-    equal the node-by-node reference and jax.grad."""
+    """Two sentences of 3 and 2 words: the first two steps (2 lanes) run as one run, the
+    first joining it although no gradient flows into the zero state it reads; then the
+    longer sentence's 1-lane step runs alone, and as it continues its sequence in this
+    forward pass it launches its size's run kernel instead of a single kernel of its own.
+    No single kernel is compiled. Values and gradients equal the node-by-node reference
+    and jax.grad."""
     _clear_kernels()
     data = [_data(n, seed=60 + n) for n in (3, 2)]
 
@@ -150,8 +153,8 @@ def test_a_lone_step_of_a_sequence_runs_in_its_run_kernel(strategy):
     value, grads, cg = run(strategy)
     lanes = sorted(int(b.packet[0, 0]) for b in cg.batches
                    if b.sig.op.sequence_step and b.packet.ndim == 2)
-    assert lanes == [1, 2], lanes  # the lone second and third steps ran as runs
-    assert len(_single_kernels()) == 1, _single_kernels().keys()  # the first step's only
+    assert lanes == [1, 2], lanes  # the 2-lane steps and the lone third step ran as runs
+    assert _single_kernels() == {}, _single_kernels().keys()
     ref_value, ref_grads, _ = run("none")
 
     def loss_fn(vals):
@@ -397,18 +400,19 @@ def test_wide_runs_share_one_kernel_per_size_and_longer_runs_launch_it_again(
         strategy, limit, monkeypatch):
     """A wide run kernel has room for RUN_LANE_STEPS / B steps, or fewer where their values
     would pass RUN_VALUE_ELEMENTS (here 4 either way), whatever the run's length: runs of
-    3 to 12 steps share it, a longer run launching it again for its next steps. Values
-    and gradients equal the node-by-node reference and jax.grad."""
+    4 to 13 steps (the first step, reading the zero state, among them) share it, a longer
+    run launching it again for its next steps. Values and gradients equal the node-by-node
+    reference and jax.grad."""
     if limit == "lanes":
         _wide(monkeypatch, 4)
     else:
         _wide(monkeypatch, 512, value_elements=4 * LANE_VALUES)
-    for n in (4, 6, 9, 13):  # runs of 3, 5, 8 and 12 steps after the first step
+    for n in (4, 6, 9, 13):
         xs, ws = _data(n, seed=30 + n)
         value, hs, grads, _ = _run(strategy, xs, ws)
         ref_value, ref_hs, ref_grads, _ = _run("none", xs, ws)
-        steps = _forward_steps(xs)  # the first step, then the run's launches
-        assert steps["launches"] == 1 + -(-(n - 1) // 4), (n, steps)
+        steps = _forward_steps(xs)  # the run's launches, 4 steps each at most
+        assert steps["launches"] == -(-n // 4), (n, steps)
         assert {key[-1] for key in _run_kernels()} == {4}, _run_kernels().keys()
 
         def loss_fn(vals):

@@ -45,6 +45,7 @@ GROW_FAST_BYTES = 64 << 20  # arenas smaller than this grow 4x at a time, larger
 UNIFORM_MIN_SIZE = 4096  # elements; smaller shared values are gathered like any other
 LONE_CHAIN_RUNS = True  # a lone step of a sequence runs as its size's run (_chain_step)
 FUSE_RUNS = True  # consecutive batches of one kernel run as one loop (see _launches)
+JOIN_SEQUENCE_FLAGS = True  # a sequence's first step joins its run (_joined_flags)
 AHEAD_COMPILE = True  # a pass's new kernels compile side by side (see ahead.py)
 REPLAY_PREPARED = True  # a reused plan's batches are prepared as last time (see replay.py)
 STREAM_BACKWARD = True  # backward kernels launch as they are decided (see _backward_batches)
@@ -327,6 +328,9 @@ class Engine:
                 if recording is not None:
                     recording.add(step)
             # a batch running its distinct lanes only is launched on its own
+            if JOIN_SEQUENCE_FLAGS and run and fuse and step[:4] != run[0][:4] and \
+                    not (step[6] or run[0][6]):
+                step = _joined_flags(run, step)
             if run and (not fuse or step[:4] != run[0][:4] or step[6] or run[0][6]):
                 n_kernels = len(run[0][0].kernels)  # before the check makes any
                 if held or self._meets_new_kernel(g, run):
@@ -1092,6 +1096,26 @@ def _noting_backward(batch):
         e.add_note(f"dynax: while running the backward pass of a batch of {len(nodes)} "
                    f"'{sig.op.name}' node(s) (the first built as node {nodes[0]})")
         raise
+
+
+def _joined_flags(run: list, step: tuple) -> tuple:
+    """``step``, and the prepared batches of ``run`` in place, with the union of their
+    gradient flags where they are steps of one sequence (``OpDef.sequence_step``) that
+    differ in those flags only; else ``step`` as it was.
+
+    A sequence's first step reads its initial state, a constant that needs no gradient, so
+    its flags differ from the later steps': it ran a kernel of its own (forward and
+    backward, compiled per size) and a launch of its own every pass (the tagger: its
+    64-lane first step, 2 of the first update's 59 compilations). In the run, the initial
+    state's cotangent is computed and not read, as a cheap op's are (``_grad_flags``)."""
+    first = run[0]
+    if not (step[0].op.sequence_step and step[:3] == first[:3]) or \
+            step[3] is None or first[3] is None:
+        return step
+    flags = tuple(a or b for a, b in zip(step[3], first[3]))
+    if flags != first[3]:
+        run[:] = [(*r[:3], flags, *r[4:]) for r in run]
+    return (*step[:3], flags, *step[4:])
 
 
 def _chain_step(g, step) -> bool:

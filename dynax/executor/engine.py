@@ -327,10 +327,10 @@ class Engine:
                 step = self._prepare(g, nodes, repeats)
                 if recording is not None:
                     recording.add(step)
-            # a batch running its distinct lanes only is launched on its own
             if JOIN_SEQUENCE_FLAGS and run and fuse and step[:4] != run[0][:4] and \
                     not (step[6] or run[0][6]):
-                step = _joined_flags(run, step)
+                step = _joined_flags(run, step)  # a sequence's first step joins its run
+            # a batch running its distinct lanes only is launched on its own
             if run and (not fuse or step[:4] != run[0][:4] or step[6] or run[0][6]):
                 n_kernels = len(run[0][0].kernels)  # before the check makes any
                 if held or self._meets_new_kernel(g, run):

@@ -15,10 +15,9 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # two worker processes (pytest-xdist): 8 min 42 s against 11 min 4 s in one, on a 2-core machine
-# (session 32); more would each compile the same kernels again and share the same cores.
-# --dist loadfile: a file's tests run in one worker, so their kernels compile once, not in both
+# (session 32); more would each compile the same kernels again and share the same cores
 test: $(STAMP)
-	$(PY) -m pytest --numprocesses=2 --dist loadfile
+	$(PY) -m pytest --numprocesses=2
 
 # compiled kernels are kept in the venv: a second `make demo` loads them (`make clean` drops them)
 demo: $(STAMP)

@@ -233,13 +233,28 @@ def train_step(model, trainer, batch, autobatch: str = "agenda"):
     return value, cg.stats()
 
 
-def accuracy(model, data) -> float:
-    """Held-out accuracy: all trees' scores in one inference graph, one forward."""
+def predictions(model, data) -> np.ndarray:
+    """The predicted label of every tree: all trees' scores in one inference graph, one
+    forward."""
     dx.renew_cg(train=False)
     scores = [model.scores(tree) for tree, _, _ in data]
     dx.forward(scores)
-    predictions = np.array([int(np.argmax(s.npvalue())) for s in scores])
-    return float(np.mean(predictions == np.array([label for _, label, _ in data])))
+    return np.array([int(np.argmax(s.npvalue())) for s in scores])
+
+
+def accuracy(model, data) -> float:
+    """Held-out accuracy (``predictions`` against the labels)."""
+    return float(np.mean(predictions(model, data) == np.array([y for _, y, _ in data])))
+
+
+def accuracy_by_operator(data, predicted) -> dict:
+    """``{operator: (accuracy, trees)}`` over the trees whose root is that operator: which
+    of the four the model has learned (MIN and MAX come first; SM, a sum mod 10 over the
+    whole list, last)."""
+    roots = np.array([text.split()[0][1:] for _, _, text in data])
+    right = predicted == np.array([y for _, y, _ in data])
+    return {op: (float(np.mean(right[roots == op])), int(np.sum(roots == op)))
+            for op in OPS if np.any(roots == op)}
 
 
 def compare_speed(model, trainer, batches, max_warmup: int = 4) -> tuple[dict, int]:
@@ -360,8 +375,10 @@ def main(argv=None) -> dict:
 
     # ---- evaluation ---------------------------------------------------------------------------
     t0 = time.perf_counter()
-    test_acc = accuracy(model, test)
+    predicted = predictions(model, test)
     eval_seconds = time.perf_counter() - t0
+    test_acc = float(np.mean(predicted == np.array([y for _, y, _ in test])))
+    by_op = accuracy_by_operator(test, predicted)
 
     print("Results")
     print(f"  trained {updates} updates, {trees} trees; training loop "
@@ -372,12 +389,15 @@ def main(argv=None) -> dict:
           f"{curve[-1][1]:.3f} (update {curve[-1][0]})")
     print(f"  test accuracy {test_acc:.3f} vs majority baseline {majority:.3f} "
           f"({len(test)} trees scored in one graph in {eval_seconds:.1f}s)")
+    print("    by root operator: " + ", ".join(f"{op} {acc:.3f} ({n} trees)"
+                                              for op, (acc, n) in by_op.items()))
     print(f"  speed on the same {len(timed)} minibatch(es) of {args.batch} trees, kernels warm:")
     print(f"    autobatch='none'   {speed['none']:7.1f} trees/s")
     print(f"    autobatch='agenda' {speed['agenda']:7.1f} trees/s   "
           f"({speed['ratio']:.1f}x faster)")
 
-    return {"accuracy": test_acc, "majority": float(majority), "curve": curve,
+    return {"accuracy": test_acc, "accuracy_by_operator": by_op,
+            "majority": float(majority), "curve": curve,
             "updates": updates, "trees": trees, "train_seconds": train_seconds,
             "train_trees_per_s": train_rate, "speed": speed}
 

@@ -81,6 +81,14 @@ def test_splits_are_disjoint_and_deterministic(listops):
     assert all(label == listops.evaluate(listops.parse(t)) for _, label, t in train + test)
 
 
+def test_accuracy_by_operator_splits_by_the_root(listops):
+    texts = ["[MIN 1 2 ]", "[MIN 3 [MAX 4 5 ] ]", "[SM 5 6 ]", "[MAX 0 [MIN 1 2 ] ]"]
+    data = [(None, listops.evaluate(listops.parse(t)), t) for t in texts]
+    predicted = np.array([1, 0, 1, 0])  # right, wrong, right, wrong
+    assert listops.accuracy_by_operator(data, predicted) == {
+        "MIN": (0.5, 2), "MAX": (0.0, 1), "SM": (1.0, 1)}
+
+
 # ---- the demo itself, in quick mode -----------------------------------------------------------
 
 def test_quick_run(listops, capsys):
@@ -90,13 +98,18 @@ def test_quick_run(listops, capsys):
     out = capsys.readouterr().out
 
     assert 0.0 <= result["accuracy"] <= 1.0
+    by_op = result["accuracy_by_operator"]  # the test trees split by their root operator
+    assert set(by_op) <= set(listops.OPS)
+    assert sum(n for _, n in by_op.values()) == 32  # --quick's test set
+    assert math.isclose(sum(acc * n for acc, n in by_op.values()) / 32, result["accuracy"])
     assert 0.0 < result["majority"] <= 1.0
     assert result["updates"] > 0 and result["trees"] > 0
     assert result["curve"] and all(math.isfinite(loss) and loss > 0 for _, loss in result["curve"])
     speed = result["speed"]
     assert speed["none"] > 0 and speed["agenda"] > 0
     assert math.isclose(speed["ratio"], speed["agenda"] / speed["none"])
-    for text in ("majority-class baseline", "test accuracy", "autobatch='none'",
+    for text in ("majority-class baseline", "test accuracy", "by root operator",
+                 "autobatch='none'",
                  "autobatch='agenda'", "trees/s"):
         assert text in out
     assert elapsed < 120, f"quick mode took {elapsed:.0f}s"

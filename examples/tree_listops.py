@@ -33,7 +33,8 @@ same few minibatches without batching (``autobatch="none"``, node by node) and w
 autobatcher, each timed once its kernels are compiled (measured before the training loop,
 whose steps these also are); then, every ``--log-every`` updates, the mean training loss per
 tree, trees/s and the XLA compilations in that interval; finally the held-out accuracy (all
-test trees scored in one ``train=False`` graph and one ``dx.forward``) and a summary.
+test trees scored in one ``train=False`` graph and one ``dx.forward``), overall and per root
+operator, and a summary.
 
 Run ``python examples/tree_listops.py`` (``--seconds`` sets the training budget,
 ``--quick`` makes a smoke-test-sized run, ``--seed`` changes data and initialisation).
@@ -242,15 +243,9 @@ def predictions(model, data) -> np.ndarray:
     return np.array([int(np.argmax(s.npvalue())) for s in scores])
 
 
-def accuracy(model, data) -> float:
-    """Held-out accuracy (``predictions`` against the labels)."""
-    return float(np.mean(predictions(model, data) == np.array([y for _, y, _ in data])))
-
-
 def accuracy_by_operator(data, predicted) -> dict:
-    """``{operator: (accuracy, trees)}`` over the trees whose root is that operator: which
-    of the four the model has learned (MIN and MAX come first; SM, a sum mod 10 over the
-    whole list, last)."""
+    """``{operator: (accuracy, trees)}`` over the trees whose root is that operator (which
+    of the four the model has learned), given each tree's ``predicted`` label."""
     roots = np.array([text.split()[0][1:] for _, _, text in data])
     right = predicted == np.array([y for _, y, _ in data])
     return {op: (float(np.mean(right[roots == op])), int(np.sum(roots == op)))

@@ -39,3 +39,16 @@ def test_the_profiler_reports_xla_cpu_thunks_by_kernel_and_operation():
         lambda: f(a, a).block_until_ready()))
     assert "jit__lambda" in family and family["jit__lambda"] > 0
     assert any(name == "jit__lambda" for name, _ in own)
+
+
+def test_busy_threads_counts_outermost_thunks_running_at_once():
+    events = [
+        _event("jit_a", "while.1", 0, 100),  # thread 1: a loop and its body
+        _event("jit_a", "ynn_fusion.2", 10, 30),
+        _event("jit_b", "fusion.3", 150, 50),  # thread 1 again, after a 50 us gap
+        _event("jit_c", "fusion.4", 80, 40, tid=2),  # thread 2 overlaps both: 80-120
+    ]
+    busy, span = xla_ops.busy_threads(events)
+    assert span == 200
+    # 0-80 thread 1; 80-100 both; 100-120 thread 2; 120-150 none; 150-200 thread 1
+    assert busy == {1: 80 + 20 + 50, 2: 20, 0: 30}

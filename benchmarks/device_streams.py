@@ -51,13 +51,12 @@ def recurrence(lanes: int, steps: int, chains: int = 1):
     return jax.jit(run)
 
 
-def chain_data(key, lanes: int, steps: int, device=None) -> tuple:
-    """``(xs, Wx, Wh)`` of one chain, on ``device`` (JAX's default if None)."""
+def chain_data(key, lanes: int, steps: int) -> tuple:
+    """``(xs, Wx, Wh)`` of one chain, on JAX's default device."""
     k = jax.random.split(key, 3)
-    data = (jax.random.normal(k[0], (steps, lanes, HID)),
+    return (jax.random.normal(k[0], (steps, lanes, HID)),
             jax.random.normal(k[1], (4 * HID, HID)) * 0.05,
             jax.random.normal(k[2], (4 * HID, HID)) * 0.05)
-    return tuple(jax.device_put(x, device) for x in data) if device is not None else data
 
 
 def median_ms(launch, repeats: int, rounds: int) -> float:

@@ -499,15 +499,17 @@ def test_a_runs_weight_gradients_accumulate_in_their_matmuls(monkeypatch):
     """A run's backward adds each step's weight gradient to its buffer; on CPU its kernel
     compiles under ``kernels.accumulating_dots()`` (the product accumulates into the buffer,
     no second kernel adds it), a narrow run (its product after the loop) without it; the
-    gradients still equal jax.grad and the node-by-node reference."""
+    gradients still equal jax.grad and the node-by-node reference. (Steps larger than
+    ``SMALL_STEP_MAX_WORK``: set to 0 here, as this test's LSTM is small.)"""
     from dynax.executor import kernels
     jitted = {}  # kernel name -> whether it accumulates
     real = kernels._jit
 
-    def recording(fn, name, donate, work, accumulates=False):
+    def recording(fn, name, donate, work, accumulates=False, one_thread=False):
         jitted[name] = accumulates
-        return real(fn, name, donate, work, accumulates)
+        return real(fn, name, donate, work, accumulates, one_thread)
     monkeypatch.setattr(kernels, "_jit", recording)
+    monkeypatch.setattr(kernels, "SMALL_STEP_MAX_WORK", 0)
     lengths = (6, 3, 9)
     data = [_data(n, seed=20 + n) for n in lengths]
     seqs, ws = [d[0] for d in data], [d[1] for d in data]
@@ -527,6 +529,65 @@ def test_a_runs_weight_gradients_accumulate_in_their_matmuls(monkeypatch):
         ref_value, ref_grads = _multi("none", seqs, ws)
         _check(value, grads, ref_value, ref_grads, loss_fn)
     _clear_kernels()
+
+
+def test_small_steps_backward_runs_take_one_thread_products(monkeypatch):
+    """A run's backward over steps of at most ``SMALL_STEP_MAX_WORK`` compiles under
+    ``kernels.one_thread_dots()`` and does not accumulate (its products leave YNNPACK);
+    forward runs and other kernels keep the defaults; the gradients still equal jax.grad
+    and the node-by-node reference, wide runs and narrow ones alike."""
+    from dynax.executor import kernels
+    jitted = {}  # kernel name -> (accumulates, one_thread)
+    real = kernels._jit
+
+    def recording(fn, name, donate, work, accumulates=False, one_thread=False):
+        jitted[name] = (accumulates, one_thread)
+        return real(fn, name, donate, work, accumulates, one_thread)
+    monkeypatch.setattr(kernels, "_jit", recording)
+    lengths = (6, 3, 9)
+    data = [_data(n, seed=30 + n) for n in lengths]
+    seqs, ws = [d[0] for d in data], [d[1] for d in data]
+
+    def loss_fn(vals):
+        return sum(jnp.dot(h, w_t) for xs, w in zip(seqs, ws)
+                   for h, w_t in zip(ref_states(vals, xs), w))
+
+    for lanes in (0, 8):  # every run wide, or all narrow
+        monkeypatch.setattr(kernels, "DEFER_MAX_LANES", lanes)
+        _clear_kernels()
+        jitted.clear()
+        value, grads = _multi("agenda", seqs, ws)
+        bwd_runs = [n for n in jitted if n.startswith("_lstm_cell_bwd_") and "_T" in n]
+        assert bwd_runs and all(jitted[n] == (False, True) for n in bwd_runs), jitted
+        assert not any(jitted[n][1] for n in jitted if n not in bwd_runs), jitted
+        ref_value, ref_grads = _multi("none", seqs, ws)
+        _check(value, grads, ref_value, ref_grads, loss_fn)
+    _clear_kernels()
+
+
+def test_one_thread_dots_compile_products_outside_ynnpack():
+    """Under ``one_thread_dots()`` XLA:CPU compiles a product as its own ``dot``, where by
+    default it is a YNNPACK fusion; the result is the same. An empty dict (a jaxlib without
+    the options) is allowed, and then nothing is asserted of it."""
+    from dynax.executor import kernels
+    options = kernels.one_thread_dots()
+    if jax.devices()[0].platform != "cpu" or not options:
+        pytest.skip("the options are XLA:CPU's, and this jaxlib lacks them")
+
+    def step(x, w):
+        return jnp.tanh(x @ w.T)
+
+    args = (jnp.ones((64, 128)) * 0.01, jnp.ones((512, 128)))
+
+    def ynn_fusions(opts):
+        hlo = jax.jit(step, compiler_options=opts).lower(*args).compile().as_text()
+        return sum("ynn_fusion" in line and "fusion(" in line for line in hlo.splitlines())
+
+    if ynn_fusions(None) == 0:
+        pytest.skip("this jaxlib does not compile the product to YNNPACK by default")
+    assert ynn_fusions(options) == 0
+    np.testing.assert_allclose(jax.jit(step, compiler_options=options)(*args), step(*args),
+                               rtol=1e-5)
 
 
 def test_accumulating_dots_fuse_the_add_into_the_matmul():

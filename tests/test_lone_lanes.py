@@ -29,8 +29,8 @@ def compiled_texts(monkeypatch):
     first_calls = {}
     real = kernels._jit
 
-    def recording(fn, name, donate, work, accumulates=False):
-        jitted = real(fn, name, donate, work, accumulates)
+    def recording(fn, name, donate, work, accumulates=False, one_thread=False):
+        jitted = real(fn, name, donate, work, accumulates, one_thread)
 
         class Recorded:  # the jitted function, its first call's arguments noted
             def __call__(self, *args):

@@ -109,7 +109,7 @@ def one_thread_dots() -> dict:
 
     Measured (session 66; separate processes alternated in both orders, 16 updates x 3
     rounds each, against the code before), ms per update: BiLSTM tagger (steps of 263,168
-    parameter elements) -12% and parser (160,800) -8% with the backward runs so; with the
+    parameter elements) -12% and parser (160,800) 0 to -8% with the backward runs so; with the
     forward runs too, the parser was 3-5% slower, the tagger no faster. Every run on one
     thread (forward and backward) cost the RNN LM at 64 sentences (steps of 525,312) 1-2%,
     hence the bound.

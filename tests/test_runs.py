@@ -495,6 +495,41 @@ def test_evaluation_runs_give_their_buffers_back_at_once(monkeypatch):
     _clear_kernels()
 
 
+def _backward_run_kernels(monkeypatch, seed: int):
+    """For every run wide (``DEFER_MAX_LANES`` 0), then all narrow (8): ``(lanes, kernels)``,
+    ``kernels`` mapping each kernel ``_jit`` made in an agenda pass over three LSTM
+    sequences to its ``(accumulates, one_thread)``; the pass's value and gradients are
+    checked against jax.grad and the node-by-node reference first."""
+    from dynax.executor import kernels
+    jitted = {}
+    real = kernels._jit
+
+    def recording(fn, name, donate, work, accumulates=False, one_thread=False):
+        jitted[name] = (accumulates, one_thread)
+        return real(fn, name, donate, work, accumulates, one_thread)
+    monkeypatch.setattr(kernels, "_jit", recording)
+    data = [_data(n, seed=seed + n) for n in (6, 3, 9)]
+    seqs, ws = [d[0] for d in data], [d[1] for d in data]
+
+    def loss_fn(vals):
+        return sum(jnp.dot(h, w_t) for xs, w in zip(seqs, ws)
+                   for h, w_t in zip(ref_states(vals, xs), w))
+
+    for lanes in (0, 8):
+        monkeypatch.setattr(kernels, "DEFER_MAX_LANES", lanes)
+        _clear_kernels()
+        jitted.clear()
+        value, grads = _multi("agenda", seqs, ws)
+        ref_value, ref_grads = _multi("none", seqs, ws)
+        _check(value, grads, ref_value, ref_grads, loss_fn)
+        yield lanes, dict(jitted)
+    _clear_kernels()
+
+
+def _is_backward_run(name: str) -> bool:
+    return name.startswith("_lstm_cell_bwd_") and "_T" in name
+
+
 def test_a_runs_weight_gradients_accumulate_in_their_matmuls(monkeypatch):
     """A run's backward adds each step's weight gradient to its buffer; on CPU its kernel
     compiles under ``kernels.accumulating_dots()`` (the product accumulates into the buffer,
@@ -502,33 +537,12 @@ def test_a_runs_weight_gradients_accumulate_in_their_matmuls(monkeypatch):
     gradients still equal jax.grad and the node-by-node reference. (Steps larger than
     ``SMALL_STEP_MAX_WORK``: set to 0 here, as this test's LSTM is small.)"""
     from dynax.executor import kernels
-    jitted = {}  # kernel name -> whether it accumulates
-    real = kernels._jit
-
-    def recording(fn, name, donate, work, accumulates=False, one_thread=False):
-        jitted[name] = accumulates
-        return real(fn, name, donate, work, accumulates, one_thread)
-    monkeypatch.setattr(kernels, "_jit", recording)
     monkeypatch.setattr(kernels, "SMALL_STEP_MAX_WORK", 0)
-    lengths = (6, 3, 9)
-    data = [_data(n, seed=20 + n) for n in lengths]
-    seqs, ws = [d[0] for d in data], [d[1] for d in data]
-
-    def loss_fn(vals):
-        return sum(jnp.dot(h, w_t) for xs, w in zip(seqs, ws)
-                   for h, w_t in zip(ref_states(vals, xs), w))
-
-    for lanes, accumulates in ((0, True), (8, False)):  # every run wide, or all narrow
-        monkeypatch.setattr(kernels, "DEFER_MAX_LANES", lanes)
-        _clear_kernels()
-        jitted.clear()
-        value, grads = _multi("agenda", seqs, ws)
-        runs = [name for name in jitted if name.startswith("_lstm_cell_bwd_") and "_T" in name]
-        assert runs and all(jitted[n] is accumulates for n in runs), jitted
-        assert not any(jitted[n] for n in jitted if n not in runs), jitted  # esum: no weights
-        ref_value, ref_grads = _multi("none", seqs, ws)
-        _check(value, grads, ref_value, ref_grads, loss_fn)
-    _clear_kernels()
+    for lanes, jitted in _backward_run_kernels(monkeypatch, seed=20):
+        accumulates = lanes == 0  # every run wide, or all narrow
+        runs = [name for name in jitted if _is_backward_run(name)]
+        assert runs and all(jitted[n][0] is accumulates for n in runs), jitted
+        assert not any(jitted[n][0] for n in jitted if n not in runs), jitted  # esum: no weights
 
 
 def test_small_steps_backward_runs_take_one_thread_products(monkeypatch):
@@ -536,33 +550,10 @@ def test_small_steps_backward_runs_take_one_thread_products(monkeypatch):
     ``kernels.one_thread_dots()`` and does not accumulate (its products leave YNNPACK);
     forward runs and other kernels keep the defaults; the gradients still equal jax.grad
     and the node-by-node reference, wide runs and narrow ones alike."""
-    from dynax.executor import kernels
-    jitted = {}  # kernel name -> (accumulates, one_thread)
-    real = kernels._jit
-
-    def recording(fn, name, donate, work, accumulates=False, one_thread=False):
-        jitted[name] = (accumulates, one_thread)
-        return real(fn, name, donate, work, accumulates, one_thread)
-    monkeypatch.setattr(kernels, "_jit", recording)
-    lengths = (6, 3, 9)
-    data = [_data(n, seed=30 + n) for n in lengths]
-    seqs, ws = [d[0] for d in data], [d[1] for d in data]
-
-    def loss_fn(vals):
-        return sum(jnp.dot(h, w_t) for xs, w in zip(seqs, ws)
-                   for h, w_t in zip(ref_states(vals, xs), w))
-
-    for lanes in (0, 8):  # every run wide, or all narrow
-        monkeypatch.setattr(kernels, "DEFER_MAX_LANES", lanes)
-        _clear_kernels()
-        jitted.clear()
-        value, grads = _multi("agenda", seqs, ws)
-        bwd_runs = [n for n in jitted if n.startswith("_lstm_cell_bwd_") and "_T" in n]
+    for _, jitted in _backward_run_kernels(monkeypatch, seed=30):
+        bwd_runs = [n for n in jitted if _is_backward_run(n)]
         assert bwd_runs and all(jitted[n] == (False, True) for n in bwd_runs), jitted
         assert not any(jitted[n][1] for n in jitted if n not in bwd_runs), jitted
-        ref_value, ref_grads = _multi("none", seqs, ws)
-        _check(value, grads, ref_value, ref_grads, loss_fn)
-    _clear_kernels()
 
 
 def test_one_thread_dots_compile_products_outside_ynnpack():

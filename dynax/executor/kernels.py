@@ -87,11 +87,16 @@ def accumulating_dots() -> dict:
     the Tree-LSTM 1-4% (it moves other products to YNNPACK), and in a narrow run's
     after-loop product (no buffer to add to) the RNN LM batch 1 3-5%.
     """
-    options = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
+    return _if_known({"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"})
+
+
+def _if_known(options: dict) -> dict:
+    """``options`` if this jaxlib's XLA:CPU compiles a product under them, else ``{}`` (an
+    older or newer jaxlib without an option or its value)."""
     try:
-        x = jax.device_put(jnp.zeros(1), jax.devices("cpu")[0])  # whatever the default is
-        jax.jit(lambda x: x + 1, compiler_options=options).lower(x).compile()
-    except Exception:  # an older or newer jaxlib without the option or its value
+        x = jax.device_put(jnp.zeros((2, 2)), jax.devices("cpu")[0])  # whatever the default is
+        jax.jit(lambda x: x @ x, compiler_options=options).lower(x).compile()
+    except Exception:
         return {}
     return options
 
@@ -114,13 +119,8 @@ def one_thread_dots() -> dict:
     thread (forward and backward) cost the RNN LM at 64 sentences (steps of 525,312) 1-2%,
     hence the bound.
     """
-    options = {"xla_cpu_multi_thread_eigen": False, "xla_cpu_experimental_ynn_fusion_type": ""}
-    try:
-        x = jax.device_put(jnp.zeros((2, 2)), jax.devices("cpu")[0])
-        jax.jit(lambda x: x @ x, compiler_options=options).lower(x).compile()
-    except Exception:  # a jaxlib without the options or these values
-        return {}
-    return options
+    return _if_known({"xla_cpu_multi_thread_eigen": False,
+                      "xla_cpu_experimental_ynn_fusion_type": ""})
 
 
 def _unique(xs):

@@ -262,27 +262,28 @@ def test_lookups_are_looked_at_while_repeats_run_once(monkeypatch):
 def test_a_training_loop_matches_none(strategy):
     """The user's loop: read the loss (its backward pass may run while the read waits,
     ``early.py``), backward, update; graphs of new shapes and a recurring one (from a
-    fresh plan cache: its shape noted, its plan stored, reused, then replayed, where no
-    lane is looked at). Parameters after the loop as with ``autobatch="none"``."""
+    fresh plan cache: its shape noted, its plan stored, then reused, its repeated lanes
+    still run once). Parameters after the loop as with ``autobatch="none"``."""
     data = [TREES, TREES[:4], TREES, TREES[1:], TREES, TREES]
 
     def train(autobatch):
         dx.release_memory()  # a fresh plan cache (earlier tests' misses make it back off)
         pc, *params = _model()
         trainer = dx.Trainer(pc, optax.sgd(0.05))
-        losses, replayed = [], 0
+        losses, reused = [], []
         for trees in data:
             cg = dx.renew_cg(autobatch=autobatch)
             loss = _build(*params, trees=trees)[0]
             losses.append(loss.value())
             loss.backward()
             trainer.update()
-            replayed += cg.stats()["plans_replayed"]
-        return losses, [np.asarray(p.value) for p in params], replayed
+            st = cg.stats()
+            reused.append((st["plans_reused"], st["repeated_lanes"] > 0))
+        return losses, [np.asarray(p.value) for p in params], reused
 
     want_losses, want_params, _ = train("none")
-    losses, got_params, replayed = train(strategy)
-    assert replayed  # the last graph replays its plan
+    losses, got_params, reused = train(strategy)
+    assert reused[-2:] == [(1, True), (1, True)]  # the last graphs reuse their plan
     # a loss sums per-tree terms of either sign of up to a few units, so one near 0.3 carries
     # their rounding: on one machine it was 5.8e-6 off, with every parameter within 1e-6 of
     # its largest value (benchmarks/RESULTS.md, session 55)
@@ -311,3 +312,32 @@ def test_values_known_equal_in_an_earlier_forward_pass(strategy):
     np.testing.assert_allclose(loss.value(), ref(W.value, b.value), **TOL)
     for p, w in zip((W, b), want):
         np.testing.assert_allclose(np.asarray(p.grad), np.asarray(w), **TOL)
+
+
+@pytest.mark.parametrize("strategy", ("depth", "agenda"))
+def test_a_reused_plan_runs_repeats_once_while_passes_find_them_then_replays(
+        strategy, monkeypatch):
+    """A replayed preparation runs every lane (its packets are the recorded ones), so a
+    reused plan is prepared afresh, its repeated lanes run once, while the last pass ran
+    some so; once a pass finds none worth it, the plan is recorded, then replayed."""
+    dx.release_memory()  # a fresh plan cache
+    pc, *params = _model()
+    E, W, b, U, c = params
+    seen = []
+    for k in range(7):
+        if k == 4:  # from here no repeat saves enough to run once
+            monkeypatch.setattr(engine, "REPEATS_MIN_WORK", 1 << 40)
+        pc.zero_grad()
+        cg = dx.renew_cg(autobatch=strategy)
+        loss = _build(*params)[0]
+        loss.backward()
+        st = cg.stats()
+        seen.append((st["plans_reused"], st["plans_replayed"], st["repeated_lanes"] > 0))
+        want_value, (want_grads, _, _) = _reference(*params)
+        np.testing.assert_allclose(loss.value(), want_value, **TOL)
+        for p, want in zip(params, want_grads):
+            np.testing.assert_allclose(np.asarray(p.grad), np.asarray(want), **TOL)
+    # shape noted, plan stored, then reused with repeats run once; after the first pass
+    # without, the plan's preparation is recorded, then replayed
+    assert seen == [(0, 0, True), (0, 0, True), (1, 0, True), (1, 0, True),
+                    (1, 0, False), (1, 0, False), (1, 1, False)]

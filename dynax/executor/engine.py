@@ -296,7 +296,10 @@ class Engine:
         g.pending_consts = []
         # a reused plan's batches are prepared as they were last time (replay.py)
         replay = recording = None
-        if REPLAY_PREPARED and reused is not None and not g.check_validity:
+        # ... unless the last pass ran batches on their distinct lanes (repeats.py): a
+        # replay runs every lane, which cost more than preparing afresh (replay.py)
+        if REPLAY_PREPARED and reused is not None and not g.check_validity \
+                and not (RUN_REPEATS_ONCE and self.dry_passes == 0):
             if reused.replay is not None and reused.replay.matches(g, first):
                 replay = reused.replay.replay(g)
                 g.n_replayed += 1
@@ -309,9 +312,10 @@ class Engine:
         held: list = []  # runs from the first with a new kernel on (see _launch_held)
         # 'none' is the node-by-node reference; validity checks look at every batch
         fuse = FUSE_RUNS and g.autobatch != "none" and not g.check_validity
-        # a replayed plan's packets are the recorded ones: no lane is known to repeat there
+        # a replayed plan's packets are the recorded ones: no lane is known to repeat there;
+        # 'none' runs one node a batch (nothing repeats), so its passes count for nothing
         repeats = (RUN_REPEATS_ONCE and not g.check_validity and replay is None
-                   and recording is None)
+                   and recording is None and g.autobatch != "none")
         repeated_before = g.n_repeated_lanes
         batches = iter(batches)
         while True:

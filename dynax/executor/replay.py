@@ -10,6 +10,12 @@ reuse of a plan records what was prepared, and later ones replay it where the gr
 matches the recorded one: the same rows handed out before, the same rows and gradient flags
 of every value the plan reads or writes, ``train`` the same, no signature turned
 values-only since. Only the ints are read again.
+
+Not while forward passes run batches on their distinct lanes (``repeats.py``: the engine's
+``dry_passes`` is 0): a replayed packet runs every lane, as recorded, and which lanes repeat
+depends on the ints. There the plan is reused and prepared afresh: a Tree-LSTM cycling 8
+batches (its ~1,440 leaves ~960 distinct words) took 45.2 and 45.8 ms per update against
+49.7 and 48.8 replayed (medians, blocks alternated in one process, 10 rounds each).
 """
 from __future__ import annotations
 

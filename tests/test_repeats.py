@@ -322,7 +322,6 @@ def test_a_reused_plan_runs_repeats_once_while_passes_find_them_then_replays(
     some so; once a pass finds none worth it, the plan is recorded, then replayed."""
     dx.release_memory()  # a fresh plan cache
     pc, *params = _model()
-    E, W, b, U, c = params
     seen = []
     for k in range(7):
         if k == 4:  # from here no repeat saves enough to run once
@@ -341,3 +340,17 @@ def test_a_reused_plan_runs_repeats_once_while_passes_find_them_then_replays(
     # without, the plan's preparation is recorded, then replayed
     assert seen == [(0, 0, True), (0, 0, True), (1, 0, True), (1, 0, True),
                     (1, 0, False), (1, 0, False), (1, 1, False)]
+
+
+def test_a_none_pass_leaves_the_repeats_record_as_it_was():
+    """``none`` runs one node a batch, so nothing can repeat: its passes must not count
+    as passes without repeats (that made a reference run turn off the next autobatched
+    graphs' repeats, their lookups no longer looked at)."""
+    pc, *params = _model()
+    cg = dx.renew_cg(autobatch="none")
+    cg.engine.dry_passes = 0
+    _build(*params)[0].value()
+    assert cg.engine.dry_passes == 0
+    cg = dx.renew_cg(autobatch="agenda")
+    _build(*params)[0].value()
+    assert cg.stats()["repeated_lanes"] > 0 and cg.engine.dry_passes == 0

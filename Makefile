@@ -1,5 +1,11 @@
 # `make test` and `make demo` work on a fresh machine with only Python 3.11+ and pip.
-PYTHON ?= python3
+# The newest Python the machine has, 3.13 or 3.12, else python3: jax 0.11 and later need Python
+# 3.12+, and with jax 0.12 the suite took 10 min against 13.5 with 3.11's jax 0.10.2 (session
+# 69). pyenv's interpreters count even where its shims refuse them (global version 3.11).
+PYENV_PYTHONS = $$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3 \
+	$$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3
+PYTHON ?= $(shell for p in python3.13 python3.12 $(PYENV_PYTHONS) python3; do \
+	"$$p" -c '' 2>/dev/null && { echo "$$p"; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -7,6 +13,7 @@ STAMP := $(VENV)/.installed
 .PHONY: test demo bench setup clean
 
 $(STAMP): pyproject.toml
+	@echo "make: creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version))"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"

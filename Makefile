@@ -1,11 +1,12 @@
 # `make test` and `make demo` work on a fresh machine with only Python 3.11+ and pip.
 # The newest Python the machine has, 3.13 or 3.12, else python3: jax 0.11 and later need Python
 # 3.12+, and with jax 0.12 the suite took 10.5 min against 13.6 with 3.11's jax 0.10.2 (session
-# 70). pyenv's interpreters count even where its shims refuse them (global version 3.11).
+# 70). pyenv's interpreters count even where its shims refuse them (global version 3.11). One
+# that cannot make a venv or reach PyPI over TLS (built without ssl) is passed over.
 PYENV_PYTHONS = $$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3 \
 	$$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3
 PYTHON ?= $(shell for p in python3.13 python3.12 $(PYENV_PYTHONS) python3; do \
-	"$$p" -c '' 2>/dev/null && { echo "$$p"; break; }; done)
+	"$$p" -c 'import ssl, venv' 2>/dev/null && { echo "$$p"; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed

@@ -13,9 +13,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench setup clean
 
+# PYTHON expanded once: each expansion runs the interpreter search above again
 $(STAMP): pyproject.toml
-	@echo "make: creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version))"
-	$(PYTHON) -m venv $(VENV)
+	@py="$(PYTHON)"; echo "make: creating $(VENV) with $$py ($$("$$py" --version))"; \
+	"$$py" -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)

@@ -409,6 +409,39 @@ def test_dynet_initializers():
         pc.add_parameters((3,), init=dx.NumpyInitializer([1.0, 2.0]))
 
 
+def test_random_inits_equal_direct_draws_and_compile_once_per_length_bucket():
+    """Random inits are drawn as flat vectors of power-of-two lengths and cut to shape
+    (``parameters.draw``): the values of a direct ``jax.random`` draw of the shape, and
+    shapes whose sizes share a bucket compile JAX's random function once between them."""
+    from dynax.nn.parameters import draw
+
+    compiles = []
+
+    def on_event(name, *args, **kwargs):
+        if name == "/jax/core/compile/backend_compile_duration":
+            compiles.append(name)
+
+    key = jax.random.fold_in(jax.random.PRNGKey(7), 3)
+    for shape in ((3,), (37, 5), (2, 3, 4), (1500, 17)):
+        got = draw(key, shape, "uniform", -0.4, 0.4)
+        assert got.shape == shape and got.dtype == np.float32
+        np.testing.assert_array_equal(got, jax.random.uniform(key, shape, jnp.float32, -0.4, 0.4))
+        np.testing.assert_allclose(draw(key, shape, "normal"),
+                                   jax.random.normal(key, shape, jnp.float32),
+                                   rtol=1e-6, atol=1e-6)
+    shapes = [(200, 700), (400, 500), (250_000,), (512, 512, 1)]  # sizes in (2^17, 2^18]
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        draws = [draw(jax.random.fold_in(key, i), s, "uniform", -1.0, 1.0)
+                 for i, s in enumerate(shapes)]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    assert len(compiles) <= 1, compiles  # one for the bucket, none if it ran before
+    assert [d.shape for d in draws] == shapes
+    with pytest.raises(ValueError, match="unknown distribution 'gamma'"):
+        draw(key, (3,), "gamma")
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_sparsemax_entry_exactly_at_the_threshold_gets_no_gradient(strategy):
     """x = (1, 0, -1): sparsemax is (1, 0, 0) and the threshold is 0, exactly x[1]. The

@@ -5,13 +5,12 @@ callable of that form, an array, a number or a name (``"glorot"``, ...) works to
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..ops.core import _real
-from .parameters import glorot_scale
+from .parameters import draw, glorot_scale
 
 
 class ConstInitializer:
@@ -21,7 +20,7 @@ class ConstInitializer:
         self.c = _real("ConstInitializer", "c", c)
 
     def __call__(self, key, shape):
-        return jnp.full(shape, self.c, jnp.float32)
+        return np.full(shape, self.c, np.float32)
 
 
 class NormalInitializer:
@@ -32,7 +31,7 @@ class NormalInitializer:
         self.var = _real("NormalInitializer", "var", var, 0.0)
 
     def __call__(self, key, shape):
-        return self.mean + np.sqrt(self.var) * jax.random.normal(key, shape, jnp.float32)
+        return self.mean + np.sqrt(self.var) * draw(key, shape, "normal")
 
 
 class UniformInitializer:
@@ -42,7 +41,7 @@ class UniformInitializer:
         self.scale = abs(_real("UniformInitializer", "scale", scale))
 
     def __call__(self, key, shape):
-        return jax.random.uniform(key, shape, jnp.float32, -self.scale, self.scale)
+        return draw(key, shape, "uniform", -self.scale, self.scale)
 
 
 class GlorotInitializer:
@@ -56,7 +55,7 @@ class GlorotInitializer:
 
     def __call__(self, key, shape):
         s = self.gain * glorot_scale(shape, self.is_lookup)
-        return jax.random.uniform(key, shape, jnp.float32, -s, s)
+        return draw(key, shape, "uniform", -s, s)
 
 
 class IdentityInitializer:
@@ -66,7 +65,7 @@ class IdentityInitializer:
         if len(shape) != 2 or shape[0] != shape[1]:
             raise InvalidArgumentError(f"IdentityInitializer: needs a square matrix, got "
                                        f"shape {tuple(shape)}")
-        return jnp.eye(shape[0], dtype=jnp.float32)
+        return np.eye(shape[0], dtype=np.float32)
 
 
 class NumpyInitializer:

@@ -7,6 +7,7 @@ which rows were used so trainers can update only those.
 """
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 import re
@@ -54,6 +55,31 @@ def glorot_scale(shape, is_lookup: bool = False) -> float:
     return float(np.sqrt(3.0 * len(dims) / sum(dims)))
 
 
+DRAW_MIN = 1 << 10  # the shortest flat draw of ``draw``
+
+
+def draw(key, shape, dist: str, lo: float = 0.0, hi: float = 1.0) -> np.ndarray:
+    """``jax.random.uniform(key, shape, float32, lo, hi)`` (``dist="uniform"``) or
+    ``jax.random.normal(key, shape, float32)`` (``"normal"``), as a NumPy array.
+
+    Drawn as a flat vector whose length is a power of two (at least ``DRAW_MIN``) and cut on
+    the host: JAX compiles its random functions anew for each shape (0.1-0.2 s each on a
+    CPU, most of a small model's set-up), so this compiles them once per length instead.
+    Under JAX's default threefry (``jax_threefry_partitionable``) an element's bits follow
+    its flat index alone, so the uniform values equal a direct draw's and the normal ones
+    agree with it to an ulp.
+    """
+    size = math.prod(shape)
+    n = max(DRAW_MIN, 1 << (size - 1).bit_length())
+    if dist == "uniform":
+        flat = jax.random.uniform(key, (n,), jnp.float32, lo, hi)
+    elif dist == "normal":
+        flat = jax.random.normal(key, (n,), jnp.float32)
+    else:
+        raise ValueError(f"draw: unknown distribution {dist!r}")
+    return np.asarray(flat)[:size].reshape(shape)
+
+
 def _init_array(init, key, shape, dtype):
     if callable(init) and not isinstance(init, (np.ndarray, jax.Array)):
         arr = _real_array(init(key, shape), "add_parameters: init callable's result")
@@ -62,24 +88,25 @@ def _init_array(init, key, shape, dtype):
                                        f"{arr.shape}, expected {tuple(shape)}")
         return jnp.asarray(arr)  # a new array: the parameter never shares the caller's
     if isinstance(init, numbers.Real) and not isinstance(init, bool):  # DyNet: a constant
-        return jnp.full(shape, float(init), dtype)
+        return np.full(shape, float(init), dtype)
     if isinstance(init, (np.ndarray, jax.Array, list, tuple)):
         arr = _real_array(init, "add_parameters: init array")
         if arr.shape != tuple(shape):
             raise InvalidArgumentError(f"add_parameters: init array has shape {arr.shape}, "
                                        f"expected {tuple(shape)}")
         return jnp.asarray(arr)
+    # NumPy arrays: the caller's device_put compiles nothing (jnp.zeros would, per shape)
     if init == "glorot":
         scale = glorot_scale(shape)
-        return jax.random.uniform(key, shape, dtype, -scale, scale)
+        return draw(key, shape, "uniform", -scale, scale)
     if init == "normal":
-        return jax.random.normal(key, shape, dtype)
+        return draw(key, shape, "normal")
     if init == "uniform":
-        return jax.random.uniform(key, shape, dtype, -0.1, 0.1)
+        return draw(key, shape, "uniform", -0.1, 0.1)
     if init == "zeros":
-        return jnp.zeros(shape, dtype)
+        return np.zeros(shape, dtype)
     if init == "ones":
-        return jnp.ones(shape, dtype)
+        return np.ones(shape, dtype)
     raise InvalidArgumentError(f"add_parameters: unknown init {init!r}; use one of {INITS}, "
                                "a number, an array of the right shape or a callable "
                                "(key, shape) -> array")

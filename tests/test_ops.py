@@ -445,12 +445,16 @@ def _sparsemax_reference(z):
     # the projection onto the simplex found another way than the op's sort: bisection for
     # the threshold tau with sum(max(z - tau, 0)) = 1, then tau recomputed from the support
     # found, so that it is a differentiable function of z and gradients are checked too
+    # (a loop, not 60 unrolled steps: those took the reference seconds to compile)
     zs = jax.lax.stop_gradient(z)
-    lo, hi = jnp.min(zs) - 1.0, jnp.max(zs)
-    for _ in range(60):
+
+    def halve(_, bounds):
+        lo, hi = bounds
         mid = (lo + hi) / 2
         above = jnp.sum(jnp.maximum(zs - mid, 0.0)) > 1.0
-        lo, hi = jnp.where(above, mid, lo), jnp.where(above, hi, mid)
+        return jnp.where(above, mid, lo), jnp.where(above, hi, mid)
+
+    lo, hi = jax.lax.fori_loop(0, 60, halve, (jnp.min(zs) - 1.0, jnp.max(zs)))
     support = (zs > (lo + hi) / 2).astype(z.dtype)
     tau = (jnp.sum(z * support) - 1.0) / jnp.sum(support)
     return jnp.maximum(z - tau, 0.0)

@@ -1,10 +1,8 @@
-import gc
 import os
 import shutil
 import tempfile
 
 import jax
-import pytest
 
 import dynax as dx
 
@@ -26,21 +24,3 @@ dx.set_compilation_cache(os.environ[_KERNELS])
 def pytest_unconfigure(config):
     if _made_here:
         shutil.rmtree(os.environ.pop(_KERNELS), ignore_errors=True)
-
-
-# A worker's heap grows through the session (JAX's and dynax's caches, compiled kernels,
-# earlier tests' modules): every full collection, the footprint tests' own included, walked
-# all of it (~0.4 s each late in a session). Every FREEZE_EVERY tests the survivors of a
-# collection are frozen, out of later collections' sight (as ``dx.settled_heap`` does for a
-# training loop); a test's own objects, and its cycles, are collected as before.
-FREEZE_EVERY = 25
-_tests_run = [0]
-
-
-@pytest.fixture(autouse=True)
-def _settled_heap():
-    if _tests_run[0] % FREEZE_EVERY == 0:
-        gc.collect()
-        gc.freeze()
-    _tests_run[0] += 1
-    yield

@@ -10,7 +10,6 @@ from dynax.heap import TRAINING_THRESHOLD
 
 @pytest.fixture(autouse=True)
 def _collector_as_found():
-    gc.unfreeze()  # what conftest.py froze: these tests start from a user's collector
     before = gc.get_threshold()
     assert gc.get_freeze_count() == 0
     yield

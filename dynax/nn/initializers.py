@@ -5,7 +5,6 @@ callable of that form, an array, a number or a name (``"glorot"``, ...) works to
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InvalidArgumentError

@@ -13,12 +13,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench setup clean
 
-# PYTHON expanded once: each expansion runs the interpreter search above again
+# PYTHON expanded once: each expansion runs the interpreter search above again.
+# uv (pip-installed into the venv) installs the same versions as pip from PyPI in half the time
+# (20 s against 40 on a fresh machine, session 72); --compile-bytecode writes the .pyc files
+# that pip writes, or every process would compile jax's sources on import. pip is the fallback.
 $(STAMP): pyproject.toml
 	@py="$(PYTHON)"; echo "make: creating $(VENV) with $$py ($$("$$py" --version))"; \
 	"$$py" -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet uv && $(VENV)/bin/uv pip install --quiet --compile-bytecode \
+		--python $(PY) -e ".[test]" || $(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 	@py="$(PYTHON)"; echo "make: creating $(VENV) with $$py ($$("$$py" --version))"; \
 	"$$py" -m venv $(VENV)
 	$(PY) -m pip install --quiet uv && $(VENV)/bin/uv pip install --quiet --compile-bytecode \
-		--python $(PY) -e ".[test]" || $(PY) -m pip install --quiet -e ".[test]"
+		--python $(PY) -e ".[test]" || { echo "make: uv failed; installing with pip"; \
+		$(PY) -m pip install --quiet -e ".[test]"; }
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -15,7 +15,7 @@ import pytest
 
 import dynax as dx
 from dynax.executor import engine, kernels
-from dynax.ops.registry import live_signatures
+from reference import clear_kernels
 
 IN, HID = 3, 4  # x and the state (c, h) in different arenas; c and h in the one written
 
@@ -24,8 +24,7 @@ IN, HID = 3, 4  # x and the state (c, h) in different arenas; c and h in the one
 def compiled_texts(monkeypatch):
     """Kernels made from here on, by name: their compiled HLO text on the first call's
     arguments."""
-    for sig in live_signatures():  # kernels made by earlier tests would not be recorded
-        sig.kernels.clear()
+    clear_kernels()  # kernels made by earlier tests would not be recorded
     first_calls = {}
     real = kernels._jit
 

@@ -410,3 +410,33 @@ def test_a_passes_new_kernels_compile_side_by_side_on_the_pool(strategy, monkeyp
     assert any(t.startswith("dynax-compile") for t in threads_used), threads_used
     assert with_pool == without > 0 and again == 0
     assert not submitted  # off: each kernel compiled on its launch
+
+
+def test_evaluation_after_clear_caches_reuses_the_training_kernels():
+    """An evaluation graph first (its kernels are residual-free twins), then
+    ``jax.clear_caches()`` (the benchmark harness and some tests call it), then training:
+    a later evaluation runs the training variants, which hold executables, rather than
+    compiling or loading its emptied twins again (an order-dependent failure of
+    ``test_second_epoch_compiles_nothing`` in session 72). Values equal the twins'."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 5))
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(5).astype(np.float32) for _ in range(4)]
+    ys = [0, 1, 2, 1]
+
+    def graph(train):
+        cg = dx.renew_cg(autobatch="agenda", train=train)
+        loss = dx.esum([dx.pickneglogsoftmax(W @ dx.input(x), y) for x, y in zip(xs, ys)])
+        value = loss.value()
+        if train:
+            loss.backward()
+        return cg, value
+
+    cg, first = graph(train=False)
+    assert built(cg) > 0  # the twins were made
+    jax.clear_caches()
+    graph(train=True)
+    graph(train=True)
+    cg, again = graph(train=False)
+    assert built(cg) == 0, cg.stats()
+    np.testing.assert_allclose(again, first, rtol=1e-6)

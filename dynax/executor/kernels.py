@@ -243,6 +243,32 @@ def _trained_variant(sig, kind: str, modes: tuple, B: int, *rest):
     return None
 
 
+def _has_executable(fn) -> bool:
+    """Whether the jitted ``fn`` holds a compiled executable (True where JAX does not say):
+    ``jax.clear_caches()`` empties every jitted function's cache."""
+    size = getattr(fn, "_cache_size", None)
+    return size is None or size() > 0
+
+
+def _evaluation_kernel(sig, key: tuple, kind: str, modes: tuple, B: int, *rest):
+    """What an evaluation forward (no gradient) launches for ``key``: its residual-free
+    twin if compiled, else a training variant (its residuals ignored) rather than compiling
+    the twin, else the twin or None.
+
+    A twin compiled first (an evaluation before any training) and emptied by
+    ``jax.clear_caches()`` since, when training has compiled its variant again, would
+    compile a second executable of the same math: evaluation after training then compiled
+    kernels, depending on what ran earlier in the process (session 72)."""
+    k = sig.kernels.get(key)
+    if k is not None and _has_executable(k.fn):
+        return k
+    trained = _trained_variant(sig, kind, modes, B, *rest)
+    if trained is not None:
+        sig.kernels[key] = trained  # found once, not searched for again
+        return trained
+    return k
+
+
 def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None,
                    distinct: int = 0) -> Kernel:
     """The cached forward kernel
@@ -263,16 +289,10 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None,
     sig = sig.family  # kernels close over no parameter (registry: a kernel family)
     rest = (distinct,) if distinct else ()
     key = ("fwd", modes, B, gflags) + rest
-    k = sig.kernels.get(key)
+    k = sig.kernels.get(key) if gflags is not None else \
+        _evaluation_kernel(sig, key, "fwd", modes, B, *rest)
     if k is not None:
         return k
-    if gflags is None:
-        # an evaluation forward (no gradient) reuses a compiled training variant if there is
-        # one, ignoring its residuals, rather than compiling a residual-free twin
-        k = _trained_variant(sig, "fwd", modes, B, *rest)
-        if k is not None:
-            sig.kernels[key] = k  # found once, not searched for again
-            return k
     out_off, val_off, int_off, end = _offsets(sig, modes, B, distinct=distinct)
     L = distinct or B  # the lanes the op runs on
     w_akeys = _unique(sig.out_akeys)
@@ -492,14 +512,11 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
     """
     sig = sig.family  # kernels close over no parameter (registry: a kernel family)
     key = ("fwd_run", modes, B, gflags, T)
-    k = sig.kernels.get(key)
+    k = sig.kernels.get(key) if gflags is not None else \
+        _evaluation_kernel(sig, key, "fwd_run", modes, B, T)
     if k is not None:
         return k
     if gflags is None:  # evaluation: as forward_kernel, reuse what training compiled
-        k = _trained_variant(sig, "fwd_run", modes, B, T)
-        if k is not None:
-            sig.kernels[key] = k
-            return k
         if _trained_variant(sig, "fwd", modes, B) is not None:
             return None  # no such run in training: launch its steps with the trained kernel
     step = forward_kernel(sig, modes, B, gflags)

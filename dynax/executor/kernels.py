@@ -233,14 +233,12 @@ def _vjp(batched, xs, diff, params, ints):
     return jax.vjp(f, [xs[i] for i in diff], params)
 
 
-def _trained_variant(sig, kind: str, modes: tuple, B: int, *rest):
-    """A compiled kernel ``(kind, modes, B, gflags, *rest)`` of ``sig`` with gradient flags
-    (a training variant), or None."""
-    for other, k in sig.kernels.items():
-        if other[0] == kind and other[1:3] == (modes, B) and other[3] is not None \
-                and other[4:] == rest:
-            return k
-    return None
+def _trained_variants(sig, kind: str, modes: tuple, B: int, *rest) -> list:
+    """The kernels ``(kind, modes, B, gflags, *rest)`` of ``sig`` with gradient flags (its
+    training variants)."""
+    return [k for other, k in sig.kernels.items()
+            if other[0] == kind and other[1:3] == (modes, B) and other[3] is not None
+            and other[4:] == rest]
 
 
 def _has_executable(fn) -> bool:
@@ -251,22 +249,24 @@ def _has_executable(fn) -> bool:
 
 
 def _evaluation_kernel(sig, key: tuple, kind: str, modes: tuple, B: int, *rest):
-    """What an evaluation forward (no gradient) launches for ``key``: its residual-free
-    twin if compiled, else a training variant (its residuals ignored) rather than compiling
-    the twin, else the twin or None.
+    """What an evaluation forward (no gradient) launches for ``key``: a kernel of it that
+    holds an executable, its residual-free twin or a training variant (its residuals
+    ignored), in that order; else the twin, else a training variant, else None (compile
+    the twin).
 
-    A twin compiled first (an evaluation before any training) and emptied by
-    ``jax.clear_caches()`` since, when training has compiled its variant again, would
-    compile a second executable of the same math: evaluation after training then compiled
-    kernels, depending on what ran earlier in the process (session 72)."""
+    Executables matter, not only kernels: ``jax.clear_caches()`` empties them all, and a
+    family keeps the kernels of every model that shared it. Taking the twin, or the first
+    training variant, whatever their state made evaluation after training compile again,
+    depending on what ran earlier in the process (session 72)."""
     k = sig.kernels.get(key)
     if k is not None and _has_executable(k.fn):
         return k
-    trained = _trained_variant(sig, kind, modes, B, *rest)
-    if trained is not None:
-        sig.kernels[key] = trained  # found once, not searched for again
-        return trained
-    return k
+    trained = _trained_variants(sig, kind, modes, B, *rest)
+    choice = next((t for t in trained if _has_executable(t.fn)), None) or k or \
+        (trained[0] if trained else None)
+    if choice is not None:
+        sig.kernels[key] = choice  # found once, searched for again only if emptied
+    return choice
 
 
 def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None,
@@ -517,7 +517,7 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
     if k is not None:
         return k
     if gflags is None:  # evaluation: as forward_kernel, reuse what training compiled
-        if _trained_variant(sig, "fwd", modes, B) is not None:
+        if _trained_variants(sig, "fwd", modes, B):
             return None  # no such run in training: launch its steps with the trained kernel
     step = forward_kernel(sig, modes, B, gflags)
 

@@ -21,23 +21,15 @@ def rounded(h):
 
 
 def clear_kernels():
-    """Forget every compiled kernel of every op that a live signature uses, and of the
-    ``dx.nn`` cells, so that the next pass compiles (or loads) its own.
+    """Forget every compiled kernel, so that the next pass compiles (or loads) its own.
 
     Kernels belong to kernel families, shared by signatures of equal shapes and kept by
     their op after the model that compiled them is dropped: clearing only the live
     signatures' kernels left a dropped model's (another test's LSTM of the same sizes)
     in the family a test's model joins later (session 72)."""
-    from dynax.nn import rnn
-    from dynax.ops.registry import live_signatures
-    ops = {sig.op for sig in live_signatures()}
-    ops.update(cell.op for cell in (rnn._lstm_cell, rnn._lstm_cell_dropout, rnn._rnn_cell,
-                                    rnn._rnn_cell_dropout, rnn._coupled_lstm_cell,
-                                    rnn._coupled_lstm_cell_dropout, rnn._gru_cell,
-                                    rnn._gru_cell_dropout))
-    for op in ops:
-        for family in op.kernel_families.values():
-            family.kernels.clear()
+    from dynax.ops.registry import live_kernel_families
+    for family in live_kernel_families():
+        family.kernels.clear()
 
 
 def grads_of(pc):

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..device import get_device
+from .ahead import is_new
 from .dots import materialised_transposes
 
 GATHER, UNIFORM = 1, 2  # how a value argument is read: a list of B rows, or one row for all
@@ -241,13 +242,6 @@ def _trained_variants(sig, kind: str, modes: tuple, B: int, *rest) -> list:
             and other[4:] == rest]
 
 
-def _has_executable(fn) -> bool:
-    """Whether the jitted ``fn`` holds a compiled executable (True where JAX does not say):
-    ``jax.clear_caches()`` empties every jitted function's cache."""
-    size = getattr(fn, "_cache_size", None)
-    return size is None or size() > 0
-
-
 def _evaluation_kernel(sig, key: tuple, kind: str, modes: tuple, B: int, *rest):
     """What an evaluation forward (no gradient) launches for ``key``: a kernel of it that
     holds an executable, its residual-free twin or a training variant (its residuals
@@ -259,10 +253,10 @@ def _evaluation_kernel(sig, key: tuple, kind: str, modes: tuple, B: int, *rest):
     training variant, whatever their state made evaluation after training compile again,
     depending on what ran earlier in the process (session 72)."""
     k = sig.kernels.get(key)
-    if k is not None and _has_executable(k.fn):
+    if k is not None and not is_new(k.fn):
         return k
     trained = _trained_variants(sig, kind, modes, B, *rest)
-    choice = next((t for t in trained if _has_executable(t.fn)), None) or k or \
+    choice = next((t for t in trained if not is_new(t.fn)), None) or k or \
         (trained[0] if trained else None)
     if choice is not None:
         sig.kernels[key] = choice  # found once, searched for again only if emptied

@@ -172,6 +172,15 @@ def live_signatures() -> list:
     return sorted(_LIVE, key=lambda s: s.sid)
 
 
+_FAMILIES: weakref.WeakSet = weakref.WeakSet()  # every kernel family still kept (introspection)
+
+
+def live_kernel_families() -> list:
+    """The kernel families still kept by their ops, oldest first, whether or not a live
+    signature shares them (a dropped model's stay with its op): for tests and debugging."""
+    return sorted(_FAMILIES, key=lambda s: s.sid)
+
+
 def signature_table(key: tuple) -> dict:
     """Where the signature of ``key = (op, kinds, *items)`` is interned: with its first
     parameter if it has one, else with its op. Nothing global holds a signature, so a
@@ -338,6 +347,7 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
         family.value_elements = max(1, sum(AKEY_SIZE[a] for a in sig.in_akeys + out_akeys))
         family.lane_work = max(family.param_elements, family.value_elements)
         op.kernel_families[kernel_key] = family
+        _FAMILIES.add(family)
     sig.family, sig.kernels = family, family.kernels
     sig.param_elements, sig.lane_work = family.param_elements, family.lane_work
     sig.value_elements = family.value_elements

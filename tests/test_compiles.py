@@ -419,7 +419,7 @@ def test_evaluation_after_clear_caches_reuses_the_training_kernels():
     variants that hold executables, rather than compiling or loading its emptied twins or
     the emptied variants again (order-dependent failures of this file's tests in session
     72: under xdist, earlier tests' models of these shapes share the kernel families).
-    Values equal the twins'."""
+    Values equal the twins', the node-by-node reference's and plain JAX's."""
     pc = dx.ParameterCollection(seed=0)
     W = pc.add_parameters((3, 5))
     E = pc.add_lookup_parameters((4, 5))
@@ -427,8 +427,8 @@ def test_evaluation_after_clear_caches_reuses_the_training_kernels():
     xs = [rng.standard_normal(5).astype(np.float32) for _ in range(4)]
     ys = [0, 1, 2, 1]
 
-    def graph(train, lookups=False):
-        cg = dx.renew_cg(autobatch="agenda", train=train)
+    def graph(train, lookups=False, strategy="agenda"):
+        cg = dx.renew_cg(autobatch=strategy, train=train)
         vs = [E[i] for i in range(4)] if lookups else [dx.input(x) for x in xs]
         loss = dx.esum([dx.pickneglogsoftmax(W @ v, y) for v, y in zip(vs, ys)])
         value = loss.value()
@@ -445,3 +445,8 @@ def test_evaluation_after_clear_caches_reuses_the_training_kernels():
     cg, again = graph(train=False)
     assert built(cg) == 0, cg.stats()
     np.testing.assert_allclose(again, first, rtol=1e-6)
+    # the training variants' values: those of the node-by-node reference and of plain JAX
+    np.testing.assert_allclose(again, graph(train=False, strategy="none")[1], rtol=1e-5)
+    w = jnp.asarray(W.value)
+    want = sum(-jax.nn.log_softmax(w @ x)[y] for x, y in zip(xs, ys))
+    np.testing.assert_allclose(again, want, rtol=1e-5)

@@ -10,19 +10,22 @@ PYTHON ?= $(shell for p in python3.13 python3.12 $(PYENV_PYTHONS) python3; do \
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+UV := uv==0.13.9
 
-.PHONY: test demo bench setup clean
+.PHONY: test demo bench setup clean constraints
 
 # PYTHON expanded once: each expansion runs the interpreter search above again.
 # uv (pip-installed into the venv) installs the same versions as pip from PyPI in half the time
 # (20 s against 40 on a fresh machine, session 72); --compile-bytecode writes the .pyc files
 # that pip writes, or every process would compile jax's sources on import. pip is the fallback.
-$(STAMP): pyproject.toml
+# constraints.txt pins every version to those the suite last passed with (see its header).
+$(STAMP): pyproject.toml constraints.txt
 	@py="$(PYTHON)"; echo "make: creating $(VENV) with $$py ($$("$$py" --version))"; \
 	"$$py" -m venv $(VENV)
-	$(PY) -m pip install --quiet uv && $(VENV)/bin/uv pip install --quiet --compile-bytecode \
-		--python $(PY) -e ".[test]" || { echo "make: uv failed; installing with pip"; \
-		$(PY) -m pip install --quiet -e ".[test]"; }
+	$(PY) -m pip install --quiet $(UV) && $(VENV)/bin/uv pip install --quiet --compile-bytecode \
+		--python $(PY) -c constraints.txt -e ".[test]" || { \
+		echo "make: uv failed; installing with pip"; \
+		$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"; }
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -38,6 +41,14 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
+
+# the newest versions on PyPI now, for Python 3.11 and later (the header's comment kept); run
+# `make clean test` after it, and commit constraints.txt only if the suite passes
+constraints: $(STAMP)
+	$(PY) -m pip install --quiet $(UV)
+	{ grep '^#' constraints.txt; $(VENV)/bin/uv pip compile pyproject.toml --extra test \
+		--universal --python-version 3.11 --no-header --no-annotate; } > constraints.new
+	mv constraints.new constraints.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

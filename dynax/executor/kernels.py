@@ -680,8 +680,7 @@ def _forget_if_caches_cleared() -> None:
     calls can reach: never called yet, or ``jax.clear_caches()`` ran since (it empties
     every jitted function's cache; the stale memo left the compilation to a later pass,
     which counted it). Nothing where JAX does not say."""
-    size = getattr(_clear_rows, "_cache_size", None)
-    if size is not None and size() == 0:
+    if is_new(_clear_rows):
         _CLEARS_COMPILED.clear()
 
 

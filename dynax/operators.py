@@ -7,8 +7,8 @@ from __future__ import annotations
 
 
 class Operators:
-    """Mixin: ``+ - * / ** @`` (either side may be a Python number for ``+ - * / **``) and
-    unary ``-``, each appending one node to the current graph."""
+    """Mixin: ``+ - * / ** @`` (either side may be a Python number for ``+ - * / **``),
+    unary ``-`` and ``abs()``, each appending one node to the current graph."""
 
     __slots__ = ()
 
@@ -46,6 +46,9 @@ class Operators:
 
     def __neg__(self):
         return _ops.negate(self)
+
+    def __abs__(self):
+        return _ops.abs(self)
 
     def __matmul__(self, other):
         return _ops.matmul(self, other)

@@ -4,6 +4,8 @@ expects where API.md is brief. Of the first audit's tests, all but a few neighbo
 second audit's reproduce what it reported."""
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -693,3 +695,78 @@ def test_a_name_the_collection_lacks_is_a_key_error_listing_what_it_has():
         dx.ParameterCollection()["x"]
     with pytest.raises(dx.ArgumentTypeError, match=r"a parameter name is a str, got 3"):
         pc[3]
+
+
+# ---- found by session 76's audit --------------------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_affine_transform_of_a_bias_alone_is_the_bias(strategy):
+    """``affine_transform([b])`` is ``b`` (an empty sum of products, as DyNet's); it raised
+    a TypeError from the shape check before."""
+    pc = dx.ParameterCollection(seed=0)
+    b = pc.add_parameters((3,), init=np.array([1.0, -2.0, 0.5], np.float32), name="b")
+    dx.renew_cg(autobatch=strategy)
+    x = dx.input(np.array([3.0, 4.0, 5.0], np.float32))
+    outs = [dx.affine_transform([b]), dx.affine_transform([x]),
+            dx.affine_transform([np.ones(3)])]
+    for e, want in zip(outs, ([1.0, -2.0, 0.5], [3.0, 4.0, 5.0], [1.0, 1.0, 1.0])):
+        np.testing.assert_allclose(e.npvalue(), want, rtol=1e-6)
+    dx.sum_elems(dx.cmult(outs[0], x)).backward()
+    want = jax.grad(lambda w: jnp.sum(w * jnp.array([3.0, 4.0, 5.0])))(jnp.asarray(b.value))
+    np.testing.assert_allclose(b.grad, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda x, M: dx.reshape(M, "ab"), r"reshape: the shape must be .*'ab'"),
+    (lambda x, M: dx.reshape(M, None), r"reshape: the shape must be .*None"),
+    (lambda x, M: dx.reshape(M, (6.9, 2)), r"reshape: the shape must be .*6\.9"),
+    (lambda x, M: dx.reshape(M, (True, 6)), r"reshape: the shape must be"),
+    (lambda x, M: dx.hinge(x, 0, margin="a"), r"hinge: margin must be a finite number"),
+    (lambda x, M: dx.hinge(x, 0, margin=None), r"hinge: margin must be a finite number"),
+    (lambda x, M: dx.hinge(x, 0, margin=np.ones(2)), r"hinge: margin must be a finite"),
+])
+def test_bad_static_arguments_name_the_operation(call, match):
+    """A reshape's shape and a hinge's margin are checked as other ops' statics are: a
+    ValueError naming the op (a bare ``int()``/``float()`` error before, and a float
+    dimension was truncated), and nothing is added."""
+    cg = dx.renew_cg()
+    x, M = dx.input(np.ones(3)), dx.input(np.ones((2, 3)))
+    n = counts(cg)
+    with pytest.raises(dx.InvalidArgumentError, match=match):
+        call(x, M)
+    assert counts(cg) == n
+
+
+def test_reshape_takes_a_numpy_shape():
+    dx.renew_cg()
+    M = dx.input(np.arange(6.0).reshape(2, 3))
+    assert dx.reshape(M, np.array([3, 2])).shape == (3, 2)
+    np.testing.assert_allclose(dx.reshape(M, np.array([-1])).npvalue(), np.arange(6.0))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_abs_of_an_expression_and_a_parameter(strategy):
+    """Python's ``abs()`` is ``dx.abs``, as ``-e`` is ``dx.negate``."""
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3,), init=np.array([-1.5, 2.0, -0.25], np.float32), name="W")
+    dx.renew_cg(autobatch=strategy)
+    x = dx.input(np.array([-3.0, 0.5, 2.0], np.float32))
+    np.testing.assert_allclose(abs(x).npvalue(), [3.0, 0.5, 2.0])
+    dx.sum_elems(abs(W) + abs(x)).backward()
+    want = jax.grad(lambda w: jnp.sum(jnp.abs(w)))(jnp.asarray(W.value))
+    np.testing.assert_allclose(W.grad, want)
+
+
+def test_input_of_a_graph_value_or_a_time_is_refused_clearly():
+    pc = dx.ParameterCollection(seed=0)
+    W, E = pc.add_parameters((2, 3)), pc.add_lookup_parameters((4, 3))
+    cg = dx.renew_cg()
+    n = counts(cg)
+    for p, name in ((W, "a Parameter"), (E, "a LookupParameter")):
+        with pytest.raises(dx.ArgumentTypeError, match=rf"input: got {name} of shape .*"
+                                                       r"dx\.parameter\(p\)"):
+            dx.input(p)
+    for arr in (np.array([1], "timedelta64[s]"), np.array(["2020-01-01"], "datetime64[D]")):
+        with pytest.raises(dx.DTypeError, match=re.escape(f"input: unsupported dtype {arr.dtype}")):
+            dx.input(arr)
+    assert counts(cg) == n

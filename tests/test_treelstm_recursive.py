@@ -161,6 +161,33 @@ def test_numpy_integer_checked():
 
 
 @dx.function
+def _split_in(x, k):  # k is a count (a shape), not an index: it cannot be traced
+    return jnp.stack([p.sum() for p in jnp.split(x, k)])
+
+
+def test_static_int_index_checked():
+    """A static Python int label is refused past the end as a NumPy one is (JAX clamps a
+    static index too: ``f(h, C)`` read class C - 1's loss before session 76); Python's
+    negative indices within the axis stay valid, and an int used as a count is not an
+    index. Nothing is added by a refused call."""
+    pc = dx.ParameterCollection(seed=0)
+    Wo, bo = pc.add_parameters((C, H)), pc.add_parameters((C,))
+    cg = dx.renew_cg()
+    h = dx.input(np.ones(H, np.float32))
+    last = root_loss_cell(h, Wo, bo, C - 1)
+    np.testing.assert_allclose(root_loss_cell(h, Wo, bo, -1).value(), last.value(), rtol=1e-6)
+    n = cg.stats()["nodes"]
+    for bad in (C, C + 5, -C - 1):
+        with pytest.raises(dx.IndexOutOfRangeError,
+                           match=rf"root_loss_cell: index {bad} \(argument 4, a static int\) "
+                                 rf"out of range \[-{C}, {C}\), what the function indexes"):
+            root_loss_cell(h, Wo, bo, bad)
+    assert cg.stats()["nodes"] == n
+    parts = _split_in(dx.input(np.arange(6.0, dtype=np.float32)), 3)
+    np.testing.assert_allclose(parts.npvalue(), [1.0, 5.0, 9.0])
+
+
+@dx.function
 def _shifted_read(x, i):  # i + 1 indexes: i has no bound of its own
     return x[i + 1]
 

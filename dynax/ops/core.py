@@ -249,9 +249,15 @@ def input(value) -> Expression:  # noqa: A001  (DyNet's name)
             raise _traced_error("input") from None
         raise DTypeError(f"input: cannot make an array of {type(value).__name__} ({e})"
                          ) from None
-    if arr.dtype == object or not (jnp.issubdtype(arr.dtype, jnp.floating)
-                                   or np.issubdtype(arr.dtype, np.integer)
-                                   or arr.dtype == np.bool_):
+    if arr.dtype == object or arr.dtype.kind in "mM" or not (
+            jnp.issubdtype(arr.dtype, jnp.floating) or np.issubdtype(arr.dtype, np.integer)
+            or arr.dtype == np.bool_):  # (NumPy counts a timedelta as an integer)
+        if isinstance(value, (Parameter, Expression)):
+            what = "an Expression" if type(value) is Expression else f"a {type(value).__name__}"
+            raise ArgumentTypeError(
+                f"input: got {what} of shape {value.shape}, which is already a graph value: "
+                "use it in expressions directly (dx.parameter(p) gives a parameter's "
+                "expression)")
         raise DTypeError(f"input: unsupported dtype {arr.dtype} (shape {arr.shape}); "
                          "give real numbers (float, int or bool)")
     if arr.size == 0:  # as a slice or a parameter: softmax([]) would compute []
@@ -287,14 +293,18 @@ def scalarInput(value) -> Expression:  # noqa: N802  (DyNet's name)
     return input(float(value))
 
 
-def _checked_shape(opname, shape, least: int = 0) -> tuple:
-    """``shape`` (an int or a sequence of ints, each >= ``least``) as a tuple."""
+def _checked_shape(opname, shape, least: int | None = 0) -> tuple:
+    """``shape`` (an int or a sequence of ints, each >= ``least`` unless it is None) as a
+    tuple."""
     dims = (shape,) if isinstance(shape, numbers.Integral) else shape
+    if isinstance(dims, np.ndarray) and dims.ndim == 1:  # e.g. a shape computed with NumPy
+        dims = dims.tolist()
     if not isinstance(dims, (tuple, list)) or any(
-            isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < least
-            for d in dims):
-        raise InvalidArgumentError(f"{opname}: the shape must be an int or a sequence of ints "
-                                   f">= {least}, got {shape!r}")
+            isinstance(d, bool) or not isinstance(d, numbers.Integral)
+            or (least is not None and d < least) for d in dims):
+        at_least = "" if least is None else f" >= {least}"
+        raise InvalidArgumentError(f"{opname}: the shape must be an int or a sequence of ints"
+                                   f"{at_least}, got {shape!r}")
     return tuple(int(d) for d in dims)
 
 
@@ -661,9 +671,11 @@ def dot_product(a, b):
 
 
 def _affine(*args):
-    out, W, x = args[:3]
-    if x.ndim == 2 and out.shape != (W.shape[0], x.shape[1]):
-        out = out.reshape(-1, 1)  # a column bias, added to every column (as DyNet's)
+    out = args[0]  # only a bias: itself, as DyNet's affine_transform({b})
+    if len(args) > 1:
+        W, x = args[1:3]
+        if x.ndim == 2 and out.shape != (W.shape[0], x.shape[1]):
+            out = out.reshape(-1, 1)  # a column bias, added to every column (as DyNet's)
     for W, x in zip(args[1::2], args[2::2]):
         out = out + W @ x
     return out
@@ -681,7 +693,7 @@ def _check_affine(avals, statics):
             raise ShapeError(f"affine_transform: term {i // 2}: W{W} @ x{x} has shape "
                              f"{(W[0],) + x[1:]}, the terms before {out}")
         out = (W[0],) + x[1:]
-    if b != out and not (len(out) == 2 and b in ((out[0],), (out[0], 1))):
+    if out is not None and b != out and not (len(out) == 2 and b in ((out[0],), (out[0], 1))):
         raise ShapeError(f"affine_transform: bias {b} does not fit the products' shape {out} "
                          f"(a matrix product takes a bias of its shape, or a column ({out[0]},) "
                          f"or ({out[0]}, 1) added to every column)")
@@ -692,7 +704,8 @@ AFFINE = OpDef("affine_transform", _affine, HEAVY, check=_check_affine)
 
 @atomic
 def affine_transform(args):
-    """``b + W1 @ x1 + W2 @ x2 + ...`` from the list ``[b, W1, x1, W2, x2, ...]``."""
+    """``b + W1 @ x1 + W2 @ x2 + ...`` from the list ``[b, W1, x1, W2, x2, ...]``
+    (``[b]`` alone: ``b``, as DyNet's)."""
     if not isinstance(args, (list, tuple)):
         raise ArgumentTypeError(f"affine_transform: expected a list [b, W1, x1, ...], got "
                                 f"{type(args).__name__}")
@@ -876,7 +889,7 @@ RESHAPE = OpDef("reshape", lambda x, shape: jnp.reshape(x, shape), CHEAP, check=
 
 def reshape(x, shape):
     """The same elements in a new shape; one dimension may be -1 (inferred, as in NumPy)."""
-    shape = (int(shape),) if isinstance(shape, numbers.Integral) else tuple(int(s) for s in shape)
+    shape = _checked_shape("reshape", shape, None)  # -1: the one dimension to infer
     if any(s < 0 for s in shape):
         shape = _infer_dim(_shape(x), shape)
     return _single(RESHAPE, x, "s", (shape,))
@@ -1198,7 +1211,7 @@ HINGE = OpDef("hinge", _hinge, CHEAP, check=_vector("hinge"), index_bounds=_firs
 
 def hinge(x, label, margin: float = 1.0):
     """Multi-class hinge loss ``sum_{j != label} max(0, margin - x[label] + x[j])``."""
-    return _single(HINGE, x, "is", (label, float(margin)))
+    return _single(HINGE, x, "is", (label, _real("hinge", "margin", margin)))
 
 
 # ---- lookup ----------------------------------------------------------------------------------

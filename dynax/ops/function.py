@@ -80,7 +80,9 @@ class Function:
     JAX clamps an index past the end (``x[10]`` of a 5-vector reads ``x[4]``), so where
     ``fn`` indexes with one as it is (``x[i]``, ``E[i, j]``, ``lax.dynamic_slice``), a call
     with a value past that axis is refused (``ops/index_uses.py``); after arithmetic
-    (``x[i + 1]``) it is not checked: check such integers before the call.
+    (``x[i + 1]``) it is not checked: check such integers before the call. A static Python
+    int that ``fn`` uses as an index is checked the same way (JAX clamps it too), with
+    Python's negative indices allowed.
     """
 
     def __init__(self, fn):

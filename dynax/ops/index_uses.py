@@ -5,7 +5,8 @@ Inside a function an integer indexes as in JAX, where an index past the end is c
 train on the last class. So each signature's jaxpr is read once, and an integer used
 directly as an index (``x[i]``, ``E[i, j]``, ``lax.dynamic_slice``, a clamping gather, in
 nested jits too) gets that axis as its bound, checked when a node is built, as
-``dx.pick``'s is.
+``dx.pick``'s is. A static Python int is read the same way, traced once more as an int32
+for its signature (``registry._check_static_indices``).
 Other uses (``x[i + 1]``, ``one_hot(i, n)``, inside ``lax.cond``, ``jnp.take``'s filling
 gather, which may mean its out-of-range indices) are left unbounded.
 """

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import ArgumentTypeError, DynaxError, ShapeError
+from ..errors import ArgumentTypeError, DynaxError, IndexOutOfRangeError, ShapeError
 from .index_uses import index_bounds
 
 CHEAP, HEAVY = 0, 1
@@ -258,6 +258,38 @@ def signature_for(key: tuple) -> Signature:
     return sig
 
 
+def _check_static_indices(op: OpDef, kinds: str, avals: list, key_items: tuple) -> None:
+    """Refuse a ``@dx.function``'s static Python int that it uses as an index past the
+    end: JAX clamps a static index as it does a traced one (``x[4]`` of a 4-vector reads
+    ``x[3]``), so ``f(scores, 4)`` would silently train on the last class.
+
+    Each such int is traced once more as an int32, for its signature only; where that
+    trace fails, the function needs the value itself (a shape, a loop count) and it is
+    not an index. As in Python, ``-n <= i < n`` is in range for an axis of ``n``."""
+    for pos, (k, value) in enumerate(zip(kinds, avals)):
+        if k != "s" or type(value) is not int:
+            continue
+        traced = [j for j, kj in enumerate(kinds) if kj != "s" or j == pos]
+
+        def call(*shaped, traced=traced):
+            args = list(avals)
+            for j, a in zip(traced, shaped):
+                args[j] = a
+            return op.fn(*args)
+
+        shaped = [jax.ShapeDtypeStruct((), np.int32) if j == pos else avals[j] for j in traced]
+        try:
+            closed = jax.make_jaxpr(call)(*shaped)
+        except Exception:  # noqa: BLE001  (the function needs the int as a Python value)
+            continue
+        (bound,) = index_bounds(closed, [traced.index(pos)])
+        if bound is not None and not -bound <= value < bound:
+            raise IndexOutOfRangeError(
+                f"{op.name}: index {value} (argument {pos + 1}, a static int) out of range "
+                f"[-{bound}, {bound}), what the function indexes with it (arguments: "
+                f"{describe(kinds, key_items)}); JAX would clamp it there")
+
+
 def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
     avals, statics, params, param_pos, in_akeys = [], [], [], [], []
     for k, item in zip(kinds, key_items):
@@ -302,6 +334,8 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
             bounds = tuple(INDEX_LIMIT if b is None else b for b in found)
         else:
             out = jax.eval_shape(call, *shaped)
+        if op.index_bounds is None:
+            _check_static_indices(op, kinds, avals, key_items)
     except _TRACING_ERRORS as e:  # Python control flow on a traced value: JAX's error
         # and advice, and which function, called how (the message names neither)
         e.add_note(f"dynax: while tracing {op.name}({describe(kinds, key_items)}), which "

@@ -167,7 +167,10 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
     (lambda x: dx.pairwise_rank_loss(x, np.ones(3, np.float32)), dx.ShapeError,
      r"pairwise_rank_loss: all arguments must have the same shape"),
     (lambda x: dx.poisson_loss(np.zeros((), np.float32), -1), dx.InvalidArgumentError,
-     r"poisson_loss: x must be a non-negative int, got -1"),
+     r"poisson_loss: x must be a non-negative int below 2\*\*31 - 1 \(an int32 count\), "
+     r"got -1"),
+    (lambda x: dx.poisson_loss(np.zeros((), np.float32), 2**31), dx.InvalidArgumentError,
+     r"poisson_loss: x must be a non-negative int below 2\*\*31 - 1 .*got 2147483648"),
     (lambda x: dx.poisson_loss(x, 1), dx.ShapeError, r"poisson_loss: expected a scalar"),
     (lambda x: dx.inverse(x), dx.ShapeError,
      r"inverse: expected a square matrix, got shape \(2, 3\)"),
@@ -503,3 +506,25 @@ def test_conv2d_takes_dynets_keyword_is_valid_after_a_stride():
     assert dx.conv2d(x, f, [1, 1], False).shape == (4, 4, 3)
     with pytest.raises(dx.InvalidArgumentError, match="conv2d: is_valid is given twice"):
         dx.conv2d(x, f, [1, 1], False, is_valid=True)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_value_keeping_ops_are_exact_at_the_float_range_s_ends(strategy):
+    """flip_gradient, scale_gradient and the straight-through modes give x itself past half
+    the float range and at +-inf (2x - x overflowed and x + (x - x) was NaN before session
+    76), with the gradients of -x, s * x and x (jax.grad's of that math)."""
+    x = np.array([2e38, -3e38, 1.0, np.inf, -np.inf], np.float32)
+    ops = ((dx.flip_gradient, lambda v: -v),
+           (lambda e: dx.scale_gradient(e, 0.5), lambda v: 0.5 * v),
+           (lambda e: dx.round(e, "straight_through_gradient"), lambda v: v),
+           (lambda e: dx.ceil(e, "straight_through_gradient"), lambda v: v))
+    finite = np.array([1, 1, 1, 0, 0], np.float32)  # the infinite entries' weights: 0
+    for op, same_gradient in ops:
+        pc = dx.ParameterCollection(seed=0)
+        p = pc.add_parameters((5,), init=x)
+        dx.renew_cg(autobatch=strategy)
+        y = op(p)
+        np.testing.assert_array_equal(y.npvalue(), x)
+        dx.sum_elems(dx.cmult(y, dx.input(finite))).backward()
+        want = jax.grad(lambda v: jnp.sum(same_gradient(v) * finite))(jnp.ones(5))
+        np.testing.assert_array_equal(p.grad, want)

@@ -32,8 +32,25 @@ ERF = _unary("erf", jax.scipy.special.erf)
 ELU = OpDef("elu", lambda x, alpha: jax.nn.elu(x, alpha), CHEAP)
 LEAKY_RELU = OpDef("leaky_relu", lambda x, slope: jax.nn.leaky_relu(x, slope), CHEAP)
 NOBACKPROP = OpDef("nobackprop", jax.lax.stop_gradient, CHEAP, stops_gradient=True)
+
+
+@jax.custom_jvp
+def _value_with_slope(y, x, s):
+    """``y`` as the value and ``s`` times x's derivative as its derivative: the pairs of
+    ``flip_gradient``, ``scale_gradient`` and the straight-through modes. Exact for every
+    ``y``: ``2y - y`` overflows past half the float range, and ``y + (x - x)`` is NaN at
+    an infinite ``x`` (session 76's audit)."""
+    return y
+
+
+@_value_with_slope.defjvp
+def _value_with_slope_jvp(primals, tangents):
+    y, _, s = primals
+    return y, s * tangents[1]
+
+
 # the value of x, the gradient of -x (Ganin & Lempitsky's gradient reversal)
-FLIP_GRADIENT = _unary("flip_gradient", lambda x: 2.0 * jax.lax.stop_gradient(x) - x)
+FLIP_GRADIENT = _unary("flip_gradient", lambda x: _value_with_slope(x, x, -1.0))
 BMAX = _binary("bmax", jnp.maximum)
 BMIN = _binary("bmin", jnp.minimum)
 POW = _binary("pow", jnp.power)
@@ -87,9 +104,7 @@ def flip_gradient(x):
 
 
 # the value is exactly x (s * x + (1 - s) * x would round); the gradient is s
-SCALE_GRADIENT = OpDef("scale_gradient",
-                       lambda x, s: jax.lax.stop_gradient(x) + s * (x - jax.lax.stop_gradient(x)),
-                       CHEAP)
+SCALE_GRADIENT = OpDef("scale_gradient", lambda x, s: _value_with_slope(x, x, s), CHEAP)
 
 
 @atomic  # a failed node leaves no constant behind
@@ -457,10 +472,9 @@ def _gradient_mode(opname, mode):
 
 def _piecewise_constant(name, fn, check=None):
     # the value of fn(x); the gradient of zero or, straight through, of the identity
-    # (y + (x - x) is exactly y, where x + (y - x) can miss it by a rounding)
     def apply(x, straight):
         y = jax.lax.stop_gradient(fn(x))
-        return y + (x - jax.lax.stop_gradient(x)) if straight else y
+        return _value_with_slope(y, x, 1.0) if straight else y
     return OpDef(name, apply, CHEAP, check=check)
 
 
@@ -688,8 +702,9 @@ def poisson_loss(log_lambda, x: int):
     """``-log Poisson(x; exp(log_lambda))`` for a scalar expression ``log_lambda`` (shape ()
     or (1,); the loss is a scalar) and a count
     ``x`` (a non-negative int, per instance as an index is), as DyNet's."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0:
-        raise InvalidArgumentError(f"poisson_loss: x must be a non-negative int, got {x!r}")
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or not 0 <= x < INDEX_LIMIT:
+        raise InvalidArgumentError(f"poisson_loss: x must be a non-negative int below "
+                                   f"2**31 - 1 (an int32 count), got {x!r}")
     return _single(POISSON, log_lambda, "i", (int(x),))
 
 

@@ -56,6 +56,7 @@ def _op_of(fn) -> OpDef:
     op = table.get(key)
     if op is None:
         op = table[key] = OpDef(getattr(fn, "__qualname__", "function"), fn, HEAVY)
+        op.user_function = True
     return op
 
 

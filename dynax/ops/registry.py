@@ -42,8 +42,8 @@ class OpDef:
     parameter instead (``signature_table``), so a dropped model goes with its own."""
 
     __slots__ = ("name", "fn", "cost", "check", "index_bounds", "row_gather", "neg_inf_ok",
-                 "stops_gradient", "sequence_step", "signatures", "kernel_families", "appenders",
-                 "__weakref__")
+                 "stops_gradient", "sequence_step", "user_function", "signatures",
+                 "kernel_families", "appenders", "__weakref__")
 
     def __init__(self, name: str, fn: Callable, cost: int = CHEAP,
                  check: Callable | None = None, index_bounds: Callable | None = None,
@@ -72,6 +72,9 @@ class OpDef:
         # An RNN's step (``dx.nn``'s cells): a lone batch of it continuing a sequence in
         # its forward pass runs through its size's run kernel (``engine._chain_step``)
         self.sequence_step = False
+        # A ``@dx.function``'s op (``ops/function.py``): its static ints are checked
+        # against what they index (``_check_static_indices``); built-in ops check theirs
+        self.user_function = False
         self.signatures: dict = {}  # key -> Signature, for keys without a parameter
         self.kernel_families: dict = {}  # kernel key -> the family's Signature
         self.appenders: dict = {}  # kinds -> generated node appender (graph/appenders.py)
@@ -334,7 +337,7 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
             bounds = tuple(INDEX_LIMIT if b is None else b for b in found)
         else:
             out = jax.eval_shape(call, *shaped)
-        if op.index_bounds is None:
+        if op.user_function:
             _check_static_indices(op, kinds, avals, key_items)
     except _TRACING_ERRORS as e:  # Python control flow on a traced value: JAX's error
         # and advice, and which function, called how (the message names neither)

@@ -697,7 +697,7 @@ def test_a_name_the_collection_lacks_is_a_key_error_listing_what_it_has():
         pc[3]
 
 
-# ---- found by session 76's audit --------------------------------------------------------------------
+# ---- found by session 76's audit --------------------------------------------------------------
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_affine_transform_of_a_bias_alone_is_the_bias(strategy):

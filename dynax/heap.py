@@ -3,13 +3,14 @@
 Every update builds a graph of tens of thousands of small Python objects (nodes' records,
 Expressions, RNN states) that live until the next ``renew_cg`` and are then freed by
 reference counting: they hold no cycles for the collector to find. Yet their allocation
-triggers it: a generation-0 collection every 700 objects, a full one every few updates.
-A full collection walks every tracked object, ~200k with JAX loaded (~100 ms each on a
-2-core VM). ``gc.freeze`` takes the objects alive at the start out of its sight, and a
-higher first threshold makes the collections rare. Measured with the heap frozen, on the
-benchmark tasks' updates (2-core VM), threshold 700 against 50,000: 7-45 collections per
-update against one every five, and the Python thread's time per update 83.6 -> 75.4 ms
-(tagger), 59.3 -> 51.9 (Tree-LSTM), 255.0 -> 229.4 (synthetic BiLSTM).
+triggers it: a generation-0 collection every 700 objects (2,000 from Python 3.13), a full
+one every few updates. A full collection walks every tracked object, ~200k with JAX
+loaded (~100 ms each on a 2-core VM). ``gc.freeze`` takes the objects alive at the start
+out of its sight, and a higher first threshold makes the collections rare. Measured with
+the heap frozen, on the benchmark tasks' updates (2-core VM), threshold 700 against
+50,000: 7-45 collections per update against one every five, and the Python thread's time
+per update 83.6 -> 75.4 ms (tagger), 59.3 -> 51.9 (Tree-LSTM), 255.0 -> 229.4 (synthetic
+BiLSTM).
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ _lock = threading.Lock()  # the count and the collector's settings change togeth
 def settled_heap(threshold: int = TRAINING_THRESHOLD):
     """Within the block, the cyclic garbage collector skips the objects alive at its start
     and runs a generation-0 collection every ``threshold`` allocations (CPython's default:
-    700). It collects first; on leaving (also on an error) the objects are unfrozen and
-    the thresholds restored. Meant for a training loop, once the model is built::
+    700, and 2,000 from Python 3.13). It collects first; on leaving (also on an error) the
+    objects are unfrozen and the thresholds restored. Meant for a training loop, once the
+    model is built::
 
         with dx.settled_heap():
             for batch in batches:

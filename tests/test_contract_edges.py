@@ -770,3 +770,34 @@ def test_input_of_a_graph_value_or_a_time_is_refused_clearly():
         with pytest.raises(dx.DTypeError, match=re.escape(f"input: unsupported dtype {arr.dtype}")):
             dx.input(arr)
     assert counts(cg) == n
+
+
+# ---- a DyNet program ported (session 76's check) ------------------------------------------------
+
+@pytest.mark.parametrize("name,hint", [
+    ("lookup_batch", "no batch dimension"), ("pickneglogsoftmax_batch", "no batch dimension"),
+    ("vecInput", "a new graph"), ("cg_revert", "loss's ancestors"),
+    ("FastLSTMBuilder", "LSTMBuilder")])
+def test_dynet_names_with_no_counterpart_say_what_to_write(name, hint):
+    assert not hasattr(dx, name)
+    with pytest.raises(AttributeError, match=rf"'{name}' \(DyNet's\): .*{hint}"):
+        getattr(dx, name)
+    with pytest.raises(AttributeError, match=r"^module 'dynax' has no attribute 'nonesuch'$"):
+        dx.nonesuch  # noqa: B018
+
+
+def test_a_batch_of_indices_and_dynet_s_column_concatenation_are_refused_with_the_way():
+    pc = dx.ParameterCollection(seed=0)
+    E = pc.add_lookup_parameters((5, 3))
+    cg = dx.renew_cg()
+    n = counts(cg)
+    for bad in ([1, 2], slice(1, 3), np.array([1, 2])):
+        with pytest.raises(dx.ArgumentTypeError, match=r"lookup: index must be an integer.*"
+                                                       r"no batch of indices"):
+            dx.lookup(E, bad)
+    with pytest.raises(dx.ArgumentTypeError, match="no batch of indices"):
+        E[1:3]  # noqa: B018
+    v = dx.input(np.ones(3))
+    with pytest.raises(dx.ShapeError, match=r"axis d=1 .*dx\.concatenate_cols"):
+        dx.concatenate([v, v], d=1)
+    assert counts(cg) == (n[0], n[1] + 1)  # only v

@@ -289,9 +289,12 @@ class ComputationGraph:
             try:
                 x = as_index(x)
             except TypeError:  # a TypeError, as Python's own indexing with a float
+                many = isinstance(ints[i], (list, tuple, slice, np.ndarray))
                 raise ArgumentTypeError(
                     f"{sig.op.name}: index must be an integer, got {ints[i]!r} "
-                    f"(arguments: {describe(kinds, tuple(key))})")
+                    f"(arguments: {describe(kinds, tuple(key))})"
+                    + ("; there is no batch of indices (DyNet's lookup_batch): build one "
+                       "node per instance and the autobatcher batches them" if many else ""))
             if not 0 <= x < hi:
                 if sig.op.index_bounds is None and hi < INDEX_LIMIT:  # what it indexes
                     raise IndexOutOfRangeError(

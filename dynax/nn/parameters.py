@@ -254,7 +254,8 @@ class LookupParameter(Parameter):
 
     def __getitem__(self, i):
         """``E[i]``: row ``i`` of the table as an expression (``dx.lookup``); ``i`` an int
-        (a NumPy one too) in ``[0, rows)``. Slices are not rows: use ``dx.lookup_batch``."""
+        (a NumPy one too) in ``[0, rows)``. Slices and lists are not rows: look each row up
+        (the autobatcher gathers a batch's rows in one kernel)."""
         return _ops._node(_ops.LOOKUP, "pi", (self, i))  # dx.lookup's node, a frame less
 
     # ---- DyNet's row access ------------------------------------------------------------------

@@ -753,7 +753,8 @@ def _check_concat(avals, statics):
     shapes = [s or (1,) for s in given]  # a scalar is a 1-vector, as in DyNet
     nd = len(shapes[0])
     if not 0 <= d < nd:
-        raise ShapeError(f"concatenate: axis d={d} invalid for shapes {given}")
+        cols = " (DyNet's d=1 of vectors: dx.concatenate_cols)" if nd == 1 and d == 1 else ""
+        raise ShapeError(f"concatenate: axis d={d} invalid for shapes {given}{cols}")
     for s in shapes:
         if len(s) != nd or s[:d] + s[d + 1:] != shapes[0][:d] + shapes[0][d + 1:]:
             columns = [sh for sh in given if len(sh) == 2 and sh[1] == 1]

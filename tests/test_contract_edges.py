@@ -801,3 +801,25 @@ def test_a_batch_of_indices_and_dynet_s_column_concatenation_are_refused_with_th
     with pytest.raises(dx.ShapeError, match=r"axis d=1 .*dx\.concatenate_cols"):
         dx.concatenate([v, v], d=1)
     assert counts(cg) == (n[0], n[1] + 1)  # only v
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_lstm_builder_takes_dynet_s_forget_bias(strategy):
+    """``VanillaLSTMBuilder(..., forget_bias=b)`` starts the forget gate's bias at b (DyNet
+    adds b at run time to a bias starting at 0: the same first step); its output equals
+    the LSTM equations with that bias, under every strategy. ``ln_lstm=True`` is refused
+    with the way, and nothing is added to the collection."""
+    pc = dx.ParameterCollection(seed=0)
+    lstm = dx.VanillaLSTMBuilder(1, 3, 2, pc, forget_bias=0.25)
+    Wx, Wh, b = (np.asarray(p.value) for p in lstm.params[0])
+    np.testing.assert_array_equal(b, [0, 0, 0.25, 0.25, 0, 0, 0, 0])
+    dx.renew_cg(autobatch=strategy)
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    h = lstm.initial_state().add_input(dx.input(x)).output().npvalue()
+    i, f, o, g = np.split(Wx @ x + b, 4)  # the first step: h and c start at 0
+    sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
+    np.testing.assert_allclose(h, sig(o) * np.tanh(sig(i) * np.tanh(g)), rtol=1e-5)
+    n = pc.parameter_count()
+    with pytest.raises(dx.InvalidArgumentError, match=r"ln_lstm=True .* @dx\.function"):
+        dx.VanillaLSTMBuilder(1, 3, 2, pc, ln_lstm=True)
+    assert pc.parameter_count() == n

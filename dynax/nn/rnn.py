@@ -420,19 +420,32 @@ class SimpleRNNBuilder(_RNNBuilder):
 
 
 class LSTMBuilder(_RNNBuilder):
-    """LSTM with gates ``i, f, o, g`` stacked in ``W_x, W_h, b``; forget bias starts at 1.
+    """LSTM with gates ``i, f, o, g`` stacked in ``W_x, W_h, b``; the forget gate's bias
+    starts at ``forget_bias`` (1, as DyNet's; DyNet adds it at run time to a bias that
+    starts at 0: the same cell at the start).
 
     State per layer is ``(c, h)``; ``s()`` gives ``[c_1..c_L, h_1..h_L]`` as in DyNet.
+    DyNet's layer-normalised variant (``ln_lstm=True``) is not there.
     """
 
     _name = "lstm"
     _n_states = 2
     _gates = 4
 
+    def __init__(self, layers: int, input_dim: int, hidden_dim: int, pc,
+                 forget_bias: float = 1.0, ln_lstm: bool = False):
+        if ln_lstm:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}: ln_lstm=True (DyNet's layer-normalised LSTM) is not "
+                "there; write the cell as a @dx.function with dx.nn.lstm_state, "
+                "normalising its gates (jax.numpy inside the function)")
+        self._forget_bias = ops._real(type(self).__name__, "forget_bias", forget_bias)
+        super().__init__(layers, input_dim, hidden_dim, pc)
+
     def _bias_init(self):
         H = self.hidden_dim
         b = np.zeros((4 * H,), np.float32)
-        b[H:2 * H] = 1.0
+        b[H:2 * H] = self._forget_bias
         return b
 
     _cell, _dropout_cell = _lstm_cell, _lstm_cell_dropout

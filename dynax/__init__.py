@@ -69,16 +69,15 @@ def release_memory() -> None:
 _ONE_INSTANCE = ("there is no batch dimension: build one instance at a time and the "
                  "autobatcher batches them (dx.esum over a minibatch's losses)")
 _NEW_GRAPH = "build a new graph (dx.renew_cg) per input and use dx.input"
+_NO_REVERT = ("nodes of a discarded hypothesis may stay in the graph: backward runs only the "
+              "loss's ancestors")
 _DYNET_HINTS = {
     "lookup_batch": _ONE_INSTANCE, "pickneglogsoftmax_batch": _ONE_INSTANCE,
     "concatenate_to_batch": _ONE_INSTANCE, "sum_batches": _ONE_INSTANCE,
     "pick_batch_elem": _ONE_INSTANCE, "pick_batch_elems": _ONE_INSTANCE,
     "mean_batches": _ONE_INSTANCE, "reshape_batch": _ONE_INSTANCE,
     "vecInput": _NEW_GRAPH, "matInput": _NEW_GRAPH, "inputMatrix": "use dx.input(array)",
-    "cg_checkpoint": "nodes of a discarded hypothesis may stay in the graph: backward runs "
-                     "only the loss's ancestors",
-    "cg_revert": "nodes of a discarded hypothesis may stay in the graph: backward runs only "
-                 "the loss's ancestors",
+    "cg_checkpoint": _NO_REVERT, "cg_revert": _NO_REVERT,
     "strided_select": "use x[a:b] (dx.pick_range) or dx.select_rows / dx.select_cols",
     "FastLSTMBuilder": "use dx.nn.LSTMBuilder (or CoupledLSTMBuilder for peepholes)",
     "print_graphviz": "cg.stats() reports the graph's nodes and batches",

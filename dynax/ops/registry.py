@@ -261,6 +261,17 @@ def signature_for(key: tuple) -> Signature:
     return sig
 
 
+def _traceable(op: OpDef, avals: list, positions: list):
+    """``op.fn`` as a function of its arguments at ``positions`` (to trace), the others
+    fixed as in ``avals`` (statics: Python values)."""
+    def call(*shaped):
+        args = list(avals)
+        for i, a in zip(positions, shaped):
+            args[i] = a
+        return op.fn(*args)
+    return call
+
+
 def _check_static_indices(op: OpDef, kinds: str, avals: list, key_items: tuple) -> None:
     """Refuse a ``@dx.function``'s static Python int that it uses as an index past the
     end: JAX clamps a static index as it does a traced one (``x[4]`` of a 4-vector reads
@@ -273,16 +284,9 @@ def _check_static_indices(op: OpDef, kinds: str, avals: list, key_items: tuple) 
         if k != "s" or type(value) is not int:
             continue
         traced = [j for j, kj in enumerate(kinds) if kj != "s" or j == pos]
-
-        def call(*shaped, traced=traced):
-            args = list(avals)
-            for j, a in zip(traced, shaped):
-                args[j] = a
-            return op.fn(*args)
-
         shaped = [jax.ShapeDtypeStruct((), np.int32) if j == pos else avals[j] for j in traced]
         try:
-            closed = jax.make_jaxpr(call)(*shaped)
+            closed = jax.make_jaxpr(_traceable(op, avals, traced))(*shaped)
         except Exception:  # noqa: BLE001  (the function needs the int as a Python value)
             continue
         (bound,) = index_bounds(closed, [traced.index(pos)])
@@ -316,16 +320,8 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
     else:  # a dx.function's integers: what they index in its jaxpr, or any int32 (below)
         bounds = (INDEX_LIMIT,) * kinds.count("i")
 
-    def abstract(*args):
-        return op.fn(*args)
-
     shaped_positions = [i for i, k in enumerate(kinds) if k != "s"]
-
-    def call(*shaped):
-        args = list(avals)
-        for i, a in zip(shaped_positions, shaped):
-            args[i] = a
-        return abstract(*args)
+    call = _traceable(op, avals, shaped_positions)
 
     _BODY.depth = getattr(_BODY, "depth", 0) + 1
     try:

@@ -186,8 +186,27 @@ def test_state_api_and_errors():
         lstm.initial_state([dx.zeros((HID + 1,))] * 4)
     with pytest.raises(ValueError, match="layers"):
         dx.nn.LSTMBuilder(0, IN, HID, PC)
+    with pytest.raises(dx.ArgumentTypeError, match=r"LSTMBuilder.initial_state: vecs is a list "
+                                                   r"of 4 vectors .*got one Expression"):
+        lstm.initial_state(dx.zeros((HID,)))  # was "an Expression is not iterable"
     with pytest.raises(ValueError, match="even"):
         dx.nn.BiRNNBuilder(1, IN, 5, PC, dx.nn.LSTMBuilder)
+
+
+@pytest.mark.parametrize("given, said", [
+    (lambda pc: dx.nn.LSTMBuilder(1, IN, HID, pc), "an instance of LSTMBuilder"),
+    (lambda pc: "lstm", "an instance of str"),
+    (lambda pc: dx.nn.TreeLSTMBuilder, "TreeLSTMBuilder")])
+def test_birnn_refuses_what_is_not_a_sequence_builder_class(given, said):
+    """A builder instance, a name or a tree builder failed inside the constructor with
+    Python's own errors ('object is not callable', a wrong argument count)."""
+    pc = dx.ParameterCollection(seed=0)
+    builder_cls = given(pc)
+    n = len(pc.parameters())
+    with pytest.raises(dx.ArgumentTypeError, match=f"BiRNNBuilder: builder_cls must be a "
+                                                   f"sequence builder class .*got {said}"):
+        dx.nn.BiRNNBuilder(1, IN, 2 * HID, pc, builder_cls)
+    assert len(pc.parameters()) == n  # no parameter left behind
 
 
 def test_a_missing_input_names_the_builder_call():

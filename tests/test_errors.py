@@ -374,6 +374,12 @@ def _softmax_calls():
         "factored bad label": lambda: cls.neg_log_softmax(np.ones(5, np.float32), 9),
         "factored full_log_distribution": lambda: cls.full_log_distribution(bad),
         "factored class_log_distribution": lambda: cls.class_log_distribution(bad),
+        # update=False: the weights' no-gradient copies are made before h is checked
+        "standard full_logits frozen": lambda: std.full_logits(bad, update=False),
+        "standard full_log_distribution frozen":
+            lambda: std.full_log_distribution(bad, update=False),
+        "factored class_logits frozen": lambda: cls.class_logits(bad, update=False),
+        "factored subclass_logits frozen": lambda: cls.subclass_logits(bad, 0, update=False),
     }
 
 

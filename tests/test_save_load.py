@@ -201,6 +201,19 @@ def test_truncated_or_corrupt_file_raises_and_changes_nothing(tmp_path):
         dx.load(tmp_path / "absent.npz", b.pc)
 
 
+def test_a_plain_npy_file_is_refused_clearly_and_changes_nothing(tmp_path):
+    """np.save's file holds one bare array: np.load returns it, not an archive."""
+    b = Model(1)
+    before = values(b.pc.parameters())
+    path = tmp_path / "w.npy"
+    np.save(path, np.ones((2, 2), np.float32))
+    for call in (lambda: b.pc.populate(path), lambda: dx.load(path, b.pc)):
+        with pytest.raises(ValueError, match=r"w\.npy is not a readable dynax parameter "
+                                             r"file .*one ndarray \(np\.save's\)"):
+            call()
+    assert_same(values(b.pc.parameters()), before)
+
+
 def test_failed_save_leaves_the_previous_file(tmp_path):
     a, b = Model(0), Model(1)
     path = tmp_path / "m.npz"

@@ -932,3 +932,51 @@ def test_the_setters_take_a_jax_scalar_as_the_constructor_does():
         with pytest.raises(ValueError, match="set_clip_threshold: threshold must be a finite"):
             trainer.set_clip_threshold(bad)
     assert trainer.learning_rate == pytest.approx(0.5)
+
+
+def test_update_passes_optax_extra_args_and_says_when_they_are_missing():
+    """``trainer.update(value=loss)`` reaches a transform that needs it (reduce_on_plateau:
+    the rate falls once the loss stops improving), equal to Optax's own loop; an Expression
+    is passed as its value. Without it the error says what to pass and changes nothing."""
+    def make_tx():
+        return optax.chain(optax.sgd(0.5),
+                           optax.contrib.reduce_on_plateau(patience=1, cooldown=0, factor=0.5))
+
+    pc, E, W = build()
+    trainer = dx.Trainer(pc, make_tx())
+    dx.renew_cg()
+    loss_of(E, W, [1, 2]).backward()
+    before = E.value.copy(), W.value.copy()
+    with pytest.raises(dx.ArgumentTypeError, match=r"update\(value=loss\)"):
+        trainer.update()
+    np.testing.assert_array_equal(E.value, before[0])
+    np.testing.assert_array_equal(W.value, before[1])
+    trainer.update(value=1.0)  # the gradient kept through the failure is applied now
+    assert trainer.updates == 1
+
+    tx = make_tx()
+    params = {"E": E.value, "W": W.value}
+    state = tx.init({"E": before[0], "W": before[1]})
+    g = jax.grad(lambda p: ref_loss(p["E"], p["W"], [1, 2]))({"E": before[0], "W": before[1]})
+    upd, state = tx.update(g, state, {"E": before[0], "W": before[1]}, value=1.0)
+    params = optax.apply_updates({"E": before[0], "W": before[1]}, upd)
+    np.testing.assert_allclose(E.value, params["E"], rtol=1e-5, atol=1e-6)
+    # the same loss again and again: no improvement, so the plateau halves the rate
+    for _ in range(4):
+        dx.renew_cg()
+        loss = loss_of(E, W, [3])
+        loss.backward()
+        trainer.update(value=dx.scalarInput(5.0) if _ % 2 else 5.0)
+        g = jax.grad(lambda p: ref_loss(p["E"], p["W"], [3]))(params)
+        upd, state = tx.update(g, state, params, value=5.0)
+        params = optax.apply_updates(params, upd)
+        np.testing.assert_allclose(E.value, params["E"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(W.value, params["W"], rtol=1e-5, atol=1e-6)
+    assert float(state[1].scale) < 1.0  # the plateau was reached: the test saw it act
+
+
+def test_trainer_refuses_a_sparse_updates_flag_that_is_not_a_bool():
+    pc, E, W = build()
+    with pytest.raises(dx.ArgumentTypeError, match="sparse_updates must be a bool"):
+        dx.AdamTrainer(pc, sparse_updates="False")
+    assert dx.AdamTrainer(pc, sparse_updates=np.bool_(True)).sparse_updates is True

@@ -91,13 +91,17 @@ def load_arrays(path, who: str = "populate") -> dict:
     """All arrays of a dynax file; a clear ``ValueError`` if it is truncated or corrupt."""
     path = os.fspath(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):  # a .npy file: one bare array
+            raise ValueError(f"it holds one {type(z).__name__} (np.save's), not an archive "
+                             "of named arrays")
+        with z:
             arrays = {k: z[k] for k in z.files}
     except FileNotFoundError:
         raise
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
         raise ValueError(f"{who}: {path} is not a readable dynax parameter file "
-                         f"(truncated or corrupt): {e}") from None
+                         f"(of pc.save or dx.save; or truncated or corrupt): {e}") from None
     version = arrays.pop(FORMAT_KEY, None)
     if version is None or version.shape != () or int(version) != FORMAT_VERSION:
         raise ValueError(f"{who}: {path} has format version {version}, "

@@ -400,6 +400,10 @@ class _RNNBuilder:
             z = ops.shared_zeros((self.hidden_dim,))
             layers = tuple((z,) * n for _ in range(L))
         else:
+            if isinstance(vecs, (Expression, Parameter)):  # one vector, not the list
+                raise ArgumentTypeError(
+                    f"{who}: vecs is a list of {n * L} vectors ({n} per layer for {L} "
+                    f"layers), got one {type(vecs).__name__}")
             vecs = [_as_expr(v, who, f"vector {k}") for k, v in enumerate(vecs)]
             if len(vecs) != n * L:
                 raise InvalidArgumentError(
@@ -505,6 +509,12 @@ class BiRNNBuilder:
             raise InvalidArgumentError(f"BiRNNBuilder: hidden_dim must be even (each direction has "
                                        f"hidden_dim // 2 units), got {hidden_dim}")
         builder_cls = LSTMBuilder if builder_cls is None else builder_cls
+        if not (isinstance(builder_cls, type) and issubclass(builder_cls, _RNNBuilder)):
+            given = (f"an instance of {type(builder_cls).__name__}"
+                     if not isinstance(builder_cls, type) else builder_cls.__name__)
+            raise ArgumentTypeError(
+                f"BiRNNBuilder: builder_cls must be a sequence builder class (LSTMBuilder, "
+                f"GRUBuilder, SimpleRNNBuilder, CoupledLSTMBuilder, ...), got {given}")
         self.layers, self.input_dim, self.hidden_dim = int(layers), int(input_dim), int(hidden_dim)
         self.pc = _fresh_subcollection(pc, "birnn")
         self.builder_layers = []

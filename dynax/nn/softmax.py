@@ -60,6 +60,7 @@ class StandardSoftmaxBuilder:
         """The subcollection holding this builder's parameters."""
         return self.pc
 
+    @ops.atomic  # update=False copies the weights first
     def full_logits(self, h, update: bool = True) -> Expression:
         """The unnormalised scores ``W h + b`` (shape ``(vocab,)``)."""
         W, b = _weights("StandardSoftmaxBuilder.full_logits", update, (self.W, self.b))
@@ -207,6 +208,7 @@ class ClassFactoredSoftmaxBuilder:
             raise IndexOutOfRangeError(f"{who}: class {c} out of range [0, {self.n_classes})")
         return c
 
+    @ops.atomic  # update=False copies the weights first
     def class_logits(self, h, update: bool = True) -> Expression:
         """The class scores ``W_c h + b_c`` (shape ``(n_classes,)``)."""
         Wc, bc = _weights("ClassFactoredSoftmaxBuilder.class_logits", update, (self.Wc, self.bc))
@@ -216,6 +218,7 @@ class ClassFactoredSoftmaxBuilder:
         """``log p(class | h)`` over all classes (shape ``(n_classes,)``)."""
         return ops.log_softmax(self.class_logits(h, update))
 
+    @ops.atomic  # update=False copies the weights first
     def subclass_logits(self, h, c: int, update: bool = True) -> Expression:
         """The scores ``R_c h + b_c`` of the words of class ``c``, in word-id order (shape
         ``(n_c,)``); a class of one word scores it 0."""

@@ -35,6 +35,7 @@ from ..device import get_device, zeros
 from ..errors import ArgumentTypeError
 from ..executor.buckets import bucket
 from ..graph.computation_graph import compiles_count_for_current_graph
+from ..graph.expression import Expression
 from .parameters import LookupParameter, ParameterCollection
 
 
@@ -72,6 +73,12 @@ class Trainer:
                                     f"ParameterCollection, got {type(pc).__name__}")
         self.pc = pc
         self.tx = tx
+        # updates take Optax's extra arguments (``update(value=loss)``); a transform that
+        # needs none ignores them
+        self._tx = optax.with_extra_args_support(tx)
+        if sparse_updates is not None and not isinstance(sparse_updates, (bool, np.bool_)):
+            raise ArgumentTypeError(f"{type(self).__name__}: sparse_updates must be a bool "
+                                    f"(or None: the trainer's default), got {sparse_updates!r}")
         self.sparse_updates = self.sparse_is_exact if sparse_updates is None \
             else bool(sparse_updates)
         self.clip_threshold = None if clip_threshold is None else \
@@ -93,13 +100,13 @@ class Trainer:
         self.last_grad_norm: float | None = None
 
     # ---- pure steps -------------------------------------------------------------------------
-    def _apply(self, values, grads, state, scale, lr_scale):
+    def _apply(self, values, grads, state, scale, lr_scale, extra):
         grads = jax.tree_util.tree_map(lambda g: g * scale, grads)
-        updates, state = self.tx.update(grads, state, values)
+        updates, state = self._tx.update(grads, state, values, **extra)
         updates = jax.tree_util.tree_map(lambda u: u * lr_scale, updates)
         return optax.apply_updates(values, updates), state
 
-    def _apply_rows(self, value, grad, state, rows, n, scale, lr_scale):
+    def _apply_rows(self, value, grad, state, rows, n, scale, lr_scale, extra):
         """Update the first ``n`` of ``rows`` of a table; the rest is padding (bounded
         compiles), given to ``tx`` as rows of zeros (value, gradient and state) so that a
         transform reducing over the rows (``clip_by_global_norm``'s norm, a trust ratio)
@@ -113,7 +120,7 @@ class Trainer:
         sub_state = jax.tree_util.tree_map(
             lambda leaf: take(leaf) if _per_element(leaf, shape) else leaf, state)
         old_rows = take(value)
-        updates, new_sub = self.tx.update(take(grad) * scale, sub_state, old_rows)
+        updates, new_sub = self._tx.update(take(grad) * scale, sub_state, old_rows, **extra)
         new_rows = optax.apply_updates(old_rows, updates * lr_scale)
 
         def put(leaf, sub):  # padding writes nothing
@@ -125,12 +132,13 @@ class Trainer:
         # copies of 20000x300, 130 ms, instead of in-place row scatters)
         return value.at[at].set(new_rows, mode="drop"), state
 
-    def _advance_count(self, value, state):
+    def _advance_count(self, value, state, extra):
         """The state of a table no update touched this time: its scalar leaves (the step
         count) advance as an update would advance them; its rows stay as they are."""
         shape = value.shape
         zero_row = jnp.zeros((1,) + shape[1:], value.dtype)
-        _, new_sub = self.tx.update(zero_row, _rows_of(state, shape, slice(0, 1)), value[:1])
+        _, new_sub = self._tx.update(zero_row, _rows_of(state, shape, slice(0, 1)), value[:1],
+                                     **extra)
         return jax.tree_util.tree_map(
             lambda leaf, sub: leaf if _per_element(leaf, shape) else sub, state, new_sub)
 
@@ -192,11 +200,16 @@ class Trainer:
         self.last_grad_norm = norm
         return min(1.0, self.clip_threshold / norm) if norm > 0 else 1.0
 
-    def update(self) -> None:
+    def update(self, **extra_args) -> None:
         """Apply one optimizer step from the accumulated gradients, then zero them.
 
-        Does nothing when no gradient was accumulated since the last update.
+        Does nothing when no gradient was accumulated since the last update. Keyword
+        arguments go to the transform's ``update`` as Optax's extra arguments, e.g.
+        ``trainer.update(value=loss)`` for ``optax.contrib.reduce_on_plateau`` (an
+        Expression is passed as its value); a transform that takes none ignores them.
         """
+        extra = {k: np.asarray(v.value()) if isinstance(v, Expression) else v
+                 for k, v in extra_args.items()}
         params = []
         for p in self.pc.parameters():
             if p.updated:
@@ -206,9 +219,17 @@ class Trainer:
         if not any(p._has_grad for p in params):
             return
         with compiles_count_for_current_graph():
-            self._update(params)
+            try:
+                self._update(params, extra)
+            except TypeError as e:  # raised while tracing the first step: nothing changed
+                if extra or "required keyword" not in str(e):
+                    raise
+                raise ArgumentTypeError(
+                    f"{type(self).__name__}.update: the optimizer's update needs extra "
+                    f"arguments ({e}); pass them to the trainer's, e.g. "
+                    "trainer.update(value=loss) for optax.contrib.reduce_on_plateau") from e
 
-    def _update(self, params) -> None:
+    def _update(self, params, extra) -> None:
         self._sync(params)
         scale = np.float32(self._scale(params))
         lr_scale = np.float32(self._lr_scale)
@@ -219,12 +240,12 @@ class Trainer:
             grads = {p.name: (p._grad if p._grad is not None else zeros(p.shape, p.dtype))
                      for p in dense}
             new, self._state[""] = self._dense_step(values, grads, self._state[""], scale,
-                                                     lr_scale)
+                                                     lr_scale, extra)
             for p in dense:
                 p._value = new[p.name]
                 self._clear_grad(p)
         for p in tables:
-            self._update_table(p, scale, lr_scale)
+            self._update_table(p, scale, lr_scale, extra)
         self.updates += 1
 
     @property
@@ -260,22 +281,22 @@ class Trainer:
                              f"{what}; set learning_rate_scale instead")
         self.learning_rate_scale = _non_negative(value, f"{name}.learning_rate") / float(base)
 
-    def _update_table(self, p: LookupParameter, scale, lr_scale):
+    def _update_table(self, p: LookupParameter, scale, lr_scale, extra):
         if not p._has_grad:  # no row to update; the step count advances all the same
             state = self._state[p.name]
             if not all(_per_element(leaf, p.shape) for leaf in jax.tree_util.tree_leaves(state)):
-                self._state[p.name] = self._tick(p._value, state)
+                self._state[p.name] = self._tick(p._value, state, extra)
             return
         value = p._own_value()
         if p.touched is None:  # used as a whole somewhere: dense step for this table
             p._value, self._state[p.name] = self._dense_step(
-                value, p._grad, self._state[p.name], scale, lr_scale)
+                value, p._grad, self._state[p.name], scale, lr_scale, extra)
             p.zero_grad()
             return
         padded = _padded_rows(p.touched)
         p._value, self._state[p.name] = self._sparse_step(
             value, p._grad, self._state[p.name], padded, np.int32(len(p.touched)), scale,
-            lr_scale)
+            lr_scale, extra)
         self._clear_grad(p, padded)
 
     def _clear_grad(self, p, padded=None) -> None:
@@ -626,8 +647,8 @@ class EGTrainer(Trainer):
                          **kwargs)
         self._base_learning_rate = lr
 
-    def _apply(self, values, grads, state, scale, lr_scale):
-        return super()._apply(values, grads, state, scale * lr_scale, 1.0)
+    def _apply(self, values, grads, state, scale, lr_scale, extra):
+        return super()._apply(values, grads, state, scale * lr_scale, 1.0, extra)
 
     def set_sparse_updates(self, sparse: bool) -> None:
         super().set_sparse_updates(sparse)

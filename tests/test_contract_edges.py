@@ -419,6 +419,17 @@ def test_errors_inside_a_function_reach_the_user_as_they_are():
     x = dx.input(np.ones(4))
     with pytest.raises(NameError, match="jnpp"):
         typo(x)
+
+    class NotPositive(ValueError):  # the function's own check: its type stays
+        pass
+
+    @dx.function
+    def checks(x):
+        raise NotPositive("x must be positive")
+
+    with pytest.raises(NotPositive, match="x must be positive") as err:
+        checks(x)
+    assert not isinstance(err.value, dx.ShapeError)
     with pytest.raises(dx.ShapeError, match="bad_shapes") as err:
         bad_shapes(x, W)
     assert err.value.__cause__ is not None  # JAX's full explanation stays in the chain

@@ -25,6 +25,7 @@ from ..batcher.plans import PlanCache
 from ..batcher.strategies import schedule
 from ..device import get_device, yield_xla_threads, zeros
 from ..errors import StaleExpressionError
+from ..interrupts import interrupts_held
 from ..ops.registry import AKEY_AVAL, AKEY_SIZE, CHEAP
 from .ahead import Ahead, is_new
 from .buckets import bucket, coarse_bucket
@@ -699,10 +700,12 @@ class Engine:
         grads = self._gradient_arenas(g)
         grads[g.val_akey[v]] = seed_gradient(grads[g.val_akey[v]], np.int32(g.val_row[v]))
         if not g.check_validity:
+            plan = self._backward_plan(g)
             try:
-                return self._backward_batches(g, grads, v, loss_node, live, full,
-                                              self._backward_plan(g))
+                with interrupts_held():  # its kernels consume the gradient buffers
+                    return self._backward_batches(g, grads, v, loss_node, live, full, plan)
             except Exception as e:  # restoring needs a copy of every gradient: validity mode
+                _forget_lost_gradients(plan)
                 e.add_note("dynax: the backward pass stopped part-way, so the parameters' "
                            "gradients are partly accumulated; zero them (p.zero_grad()) "
                            "before an update, or build with dx.renew_cg(check_validity=True) "
@@ -1305,6 +1308,15 @@ def _gradient_snapshot(batches) -> list:
         rows = getattr(p, "touched", None)  # a table's used rows (None: all of them)
         snapshot.append((p, grad, p._has_grad, None if rows is None else set(rows)))
     return snapshot
+
+
+def _forget_lost_gradients(batches) -> None:
+    """After a backward kernel failed while running: a gradient buffer it was given
+    (donated) is deleted, and would fail every later read and update; that parameter's
+    gradient is dropped instead (the others keep what they accumulated)."""
+    for p in {id(p): p for b in batches for p in b[0].params}.values():
+        if p._grad is not None and p._grad.is_deleted():
+            p.zero_grad()
 
 
 def _restore_gradients(snapshot) -> None:

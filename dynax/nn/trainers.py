@@ -36,6 +36,7 @@ from ..errors import ArgumentTypeError
 from ..executor.buckets import bucket
 from ..graph.computation_graph import compiles_count_for_current_graph
 from ..graph.expression import Expression
+from ..interrupts import interrupts_held
 from .parameters import LookupParameter, ParameterCollection
 
 
@@ -218,7 +219,9 @@ class Trainer:
                 p.zero_grad()
         if not any(p._has_grad for p in params):
             return
-        with compiles_count_for_current_graph():
+        # held: a Ctrl-C between a step's call and storing its results (its inputs donated,
+        # so deleted) would lose the model
+        with compiles_count_for_current_graph(), interrupts_held():
             try:
                 self._update(params, extra)
             except TypeError as e:  # raised while tracing the first step: nothing changed

@@ -343,8 +343,11 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
         raise
     except DynaxError:  # a dynax op used inside the body, with its own message
         raise
-    except (TypeError, ValueError) as e:  # what JAX raises on incompatible shapes; any
-        # other exception is a bug in the function itself and reaches the user as it is
+    except (TypeError, ValueError) as e:  # what JAX raises on incompatible shapes (these
+        # exact types); any other exception, a subclass of them included (the function's
+        # own check), is the function's and reaches the user as it is
+        if type(e) not in (TypeError, ValueError):
+            raise
         raise ShapeError(f"{op.name}: incompatible arguments ({describe(kinds, key_items)}): "
                          f"{str(e).splitlines()[0]}") from e
     finally:

@@ -598,6 +598,60 @@ def test_a_failed_backward_says_the_gradients_are_partial():
     assert any("backward pass" in n and "halvings' node" in n for n in notes)
 
 
+def test_a_backward_kernel_failing_while_running_leaves_no_deleted_gradient():
+    """A kernel that fails while it runs (a host callback in a custom vjp raising) had been
+    given the gradient buffers of its parameters (donated, so deleted): those parameters'
+    gradients are dropped, not left as deleted arrays that fail every later read, update
+    and backward. The other parameters keep what they accumulated, as the note says."""
+    fail = [False]
+
+    def host(g):
+        if fail[0]:
+            raise RuntimeError("boom in backward")
+        return np.asarray(g)
+
+    @jax.custom_vjp
+    def ident(x):
+        return x
+
+    ident.defvjp(lambda x: (x, None), lambda _, g: (jax.pure_callback(
+        host, jax.ShapeDtypeStruct(g.shape, g.dtype), g, vmap_method="sequential"),))
+
+    @dx.function
+    def cell(x, W):
+        return ident(jnp.tanh(W @ x))
+
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((4, 4), name="W")
+    V = pc.add_parameters((4, 4), name="V")
+    trainer = dx.SimpleSGDTrainer(pc, learning_rate=0.1)
+    x = np.ones(4, np.float32)
+
+    def loss():
+        dx.renew_cg()
+        return dx.sum_elems(cell(V @ dx.input(x), W))
+
+    loss().backward()  # W and V now hold gradient buffers, which the next pass is given
+    loss_ = loss()
+    loss_.value()
+    fail[0] = True
+    with pytest.raises(Exception, match="boom in backward|pure_callback") as err:
+        loss_.backward()
+    fail[0] = False
+    assert any("partly accumulated" in n for n in getattr(err.value, "__notes__", []))
+    assert W._grad is None or not W._grad.is_deleted()
+    assert W.grad is None or np.isfinite(W.grad).all()  # readable
+    trainer.update()  # and training goes on
+    pc.zero_grad()
+    dx.renew_cg()
+    l = loss()
+    l.backward()
+    w, v = jnp.asarray(W.value), jnp.asarray(V.value)
+    gw, gv = jax.grad(lambda w, v: jnp.sum(jnp.tanh(w @ (v @ x))), argnums=(0, 1))(w, v)
+    np.testing.assert_allclose(W.grad, gw, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(V.grad, gv, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("strategy", ["none", "depth", "agenda"])
 @pytest.mark.parametrize("train", [True, False])
 def test_a_kernel_failing_at_run_time_spoils_only_its_graph(strategy, train):

@@ -955,18 +955,17 @@ def test_update_passes_optax_extra_args_and_says_when_they_are_missing():
     assert trainer.updates == 1
 
     tx = make_tx()
-    params = {"E": E.value, "W": W.value}
-    state = tx.init({"E": before[0], "W": before[1]})
-    g = jax.grad(lambda p: ref_loss(p["E"], p["W"], [1, 2]))({"E": before[0], "W": before[1]})
-    upd, state = tx.update(g, state, {"E": before[0], "W": before[1]}, value=1.0)
-    params = optax.apply_updates({"E": before[0], "W": before[1]}, upd)
+    start = {"E": before[0], "W": before[1]}
+    state = tx.init(start)
+    g = jax.grad(lambda p: ref_loss(p["E"], p["W"], [1, 2]))(start)
+    upd, state = tx.update(g, state, start, value=1.0)
+    params = optax.apply_updates(start, upd)
     np.testing.assert_allclose(E.value, params["E"], rtol=1e-5, atol=1e-6)
     # the same loss again and again: no improvement, so the plateau halves the rate
-    for _ in range(4):
+    for k in range(4):
         dx.renew_cg()
-        loss = loss_of(E, W, [3])
-        loss.backward()
-        trainer.update(value=dx.scalarInput(5.0) if _ % 2 else 5.0)
+        loss_of(E, W, [3]).backward()
+        trainer.update(value=dx.scalarInput(5.0) if k % 2 else 5.0)
         g = jax.grad(lambda p: ref_loss(p["E"], p["W"], [3]))(params)
         upd, state = tx.update(g, state, params, value=5.0)
         params = optax.apply_updates(params, upd)

@@ -1298,10 +1298,15 @@ def _loss_ancestors(g, loss_node: int):
     return live
 
 
+def _params_of(batches):
+    """Every parameter the batches use, once each."""
+    return {id(p): p for b in batches for p in b[0].params}.values()
+
+
 def _gradient_snapshot(batches) -> list:
     """Copies of the gradient state of every parameter the batches use (validity mode: a
     failed check must leave the gradients as they were)."""
-    params = {id(p): p for b in batches for p in b[0].params}.values()
+    params = _params_of(batches)
     snapshot = []
     for p in params:
         grad = None if p._grad is None else jnp.array(p._grad, copy=True)  # buffers are donated
@@ -1314,7 +1319,7 @@ def _forget_lost_gradients(batches) -> None:
     """After a backward kernel failed while running: a gradient buffer it was given
     (donated) is deleted, and would fail every later read and update; that parameter's
     gradient is dropped instead (the others keep what they accumulated)."""
-    for p in {id(p): p for b in batches for p in b[0].params}.values():
+    for p in _params_of(batches):
         if p._grad is not None and p._grad.is_deleted():
             p.zero_grad()
 

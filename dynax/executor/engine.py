@@ -27,6 +27,7 @@ from ..device import get_device, yield_xla_threads, zeros
 from ..errors import StaleExpressionError
 from ..interrupts import interrupts_held
 from ..ops.registry import AKEY_AVAL, AKEY_SIZE, CHEAP
+from . import eviction
 from .ahead import Ahead, is_new
 from .buckets import bucket, coarse_bucket
 from .early import DroppedGradients, EarlyBackward, may_run_early
@@ -184,6 +185,7 @@ class Engine:
         self.merge_repeats = True
         self.dry_passes = 0  # forward passes since one ran a batch on its distinct lanes
         self.residuals = ResidualPool()  # run kernels' residual buffers (scratch.py)
+        self.arena_used: dict = {}  # akey -> the last pass that wrote its arena (eviction.py)
 
     def _follow_device(self, g) -> None:
         """Keep the arenas on the device ``dx.set_device`` selects: after a change they are
@@ -238,12 +240,22 @@ class Engine:
             new = new.at[: old.shape[0]].set(old)
         self.arenas[akey] = new
 
+    def _drop_idle_arenas(self, now: int) -> None:
+        """Drop the arenas (and spare gradient arenas) no pass of this thread has written
+        within ``eviction.ARENA_IDLE_PASSES`` passes: of value shapes it stopped meeting."""
+        idle = [a for a, t in self.arena_used.items() if t < now - eviction.ARENA_IDLE_PASSES]
+        for a in idle:
+            del self.arena_used[a]
+            self.arenas.pop(a, None)
+            self.spare_grads.pop(a, None)
+
     def release_memory(self):
         """Drop every pooled arena (they are re-created on demand), and forget that the
         last graph was a training loop's: a graph read after this (an evaluation, after
         training) runs no backward pass ahead, whose gradient arenas would be allocated
         again; the next backward() of a read loss turns that on again."""
         self.arenas.clear()
+        self.arena_used.clear()
         self.spare_grads.clear()
         self.last_grads = None
         self.plans.clear()
@@ -257,6 +269,9 @@ class Engine:
         part-way), and pooled arenas donated to a kernel that did not return are replaced
         by fresh ones of the same capacity, so later graphs run."""
         self._follow_device(g)
+        now = eviction.tick()
+        if not g.rows:  # nothing of g in the arenas yet: those long unused can go
+            self._drop_idle_arenas(now)
         try:
             self._forward(g)
         except BaseException as e:
@@ -287,12 +302,16 @@ class Engine:
         consts: dict = {}  # akey -> [(value id, host array)] of the pending constants
         for v, arr in g.pending_consts:
             consts.setdefault(g.val_akey[v], []).append((v, arr))
-        if not isinstance(batches, list) and not self._fits(self._rows(g, consts, lo, hi)):
-            # streamed, its rows have a bound only; where that bound would grow an arena,
-            # the whole plan is made first so the arena grows to what it really needs
-            batches = list(batches)
+        if not isinstance(batches, list):
+            rows = self._rows(g, consts, lo, hi)
+            if not self._fits(rows):
+                # streamed, its rows have a bound only; where that bound would grow an
+                # arena, the whole plan is made first so the arena grows to what it needs
+                batches = list(batches)
         if isinstance(batches, list):
-            self._grow_to(self._rows(g, consts, lo, hi, batches))
+            rows = self._rows(g, consts, lo, hi, batches)
+            self._grow_to(rows)
+        self.arena_used.update(dict.fromkeys(rows, eviction.clock))
         self._load_constants(g, consts)
         g.pending_consts = []
         # a reused plan's batches are prepared as they were last time (replay.py)
@@ -678,6 +697,7 @@ class Engine:
         ``full``, compute the cotangent of every value the loss depends on as well (inputs
         included), for ``Expression.gradient()``."""
         self._follow_device(g)
+        eviction.tick()
         early, g.early = g.early, None
         if early is not None:
             if early.fits(g, v, full):

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..device import get_device
+from . import eviction
 from .ahead import is_new
 from .dots import materialised_transposes
 
@@ -65,6 +66,7 @@ def _jit(fn, name: str, donate: tuple, work: int, accumulates: bool = False,
     whose products are small steps of a loop (``one_thread``), ``one_thread_dots()``.
     """
     fn.__name__ = fn.__qualname__ = name
+    eviction.new_kernel()
     options = {}
     if get_device().platform == "cpu":
         if work <= QUICK_MAX_WORK:
@@ -234,10 +236,19 @@ def _vjp(batched, xs, diff, params, ints):
     return jax.vjp(f, [xs[i] for i in diff], params)
 
 
+def _family(sig):
+    """The kernel family of ``sig``, stamped as used by the pass running now (what
+    ``eviction.py`` drops last)."""
+    family = sig.family
+    family.last_used = eviction.clock
+    return family
+
+
 def _trained_variants(sig, kind: str, modes: tuple, B: int, *rest) -> list:
     """The kernels ``(kind, modes, B, gflags, *rest)`` of ``sig`` with gradient flags (its
     training variants)."""
-    return [k for other, k in sig.kernels.items()
+    # a copy of the items: another thread's check may drop the family's kernels
+    return [k for other, k in tuple(sig.kernels.items())
             if other[0] == kind and other[1:3] == (modes, B) and other[3] is not None
             and other[4:] == rest]
 
@@ -280,7 +291,7 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None,
     few buffers (``_pack``), except with ``pack=False``: a run's step, whose loop stacks
     each residual in a buffer of its own (``forward_run_kernel``).
     """
-    sig = sig.family  # kernels close over no parameter (registry: a kernel family)
+    sig = _family(sig)  # kernels close over no parameter (registry: a kernel family)
     rest = (distinct,) if distinct else ()
     key = ("fwd", modes, B, gflags) + rest
     k = sig.kernels.get(key) if gflags is not None else \
@@ -404,7 +415,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     input cotangent goes to the arguments of the first lane it stands for (the others'
     get none: see ``repeats.py`` for why the sum is what every parameter needs).
     """
-    sig = sig.family  # kernels close over no parameter (registry: a kernel family)
+    sig = _family(sig)  # kernels close over no parameter (registry: a kernel family)
     key = ("bwd", modes, gflags, B, forward is not None, fresh, param_grads, gathered_outs)
     key += (distinct,) if distinct else ()
     k = sig.kernels.get(key)
@@ -504,7 +515,7 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
     a kernel trained but never in a run of ``T``: its steps are launched one by one then,
     compiling nothing.
     """
-    sig = sig.family  # kernels close over no parameter (registry: a kernel family)
+    sig = _family(sig)  # kernels close over no parameter (registry: a kernel family)
     key = ("fwd_run", modes, B, gflags, T)
     k = sig.kernels.get(key) if gflags is not None else \
         _evaluation_kernel(sig, key, "fwd_run", modes, B, T)
@@ -553,7 +564,7 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
     weight gradient to add a rank-B update to it: for an LSTM LM over one sentence (1,024 x
     512 weights), 4 MB of traffic per word for a few kFLOP.
     """
-    sig = sig.family  # kernels close over no parameter (registry: a kernel family)
+    sig = _family(sig)  # kernels close over no parameter (registry: a kernel family)
     key = ("bwd_run", modes, gflags, B, forward is not None, T)
     k = sig.kernels.get(key)
     if k is not None:

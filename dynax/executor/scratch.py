@@ -11,9 +11,12 @@ Rows past a run's own steps hold whatever an earlier run left there; nothing rea
 and made anew.
 
 The pool holds, per run kernel, as many sets as one graph's launches of it have needed at
-once; ``dx.release_memory()`` lets them go.
+once; ``dx.release_memory()`` lets them go, and a kernel dropped (``eviction.py``) takes
+its sets with it.
 """
 from __future__ import annotations
+
+import weakref
 
 import jax
 import numpy as np
@@ -26,8 +29,9 @@ class ResidualPool:
     """Free residual buffer sets, per run kernel."""
 
     def __init__(self):
-        self.free: dict = {}  # a run kernel's jitted function -> [buffer tuples]
-        self.shapes: dict = {}  # a run kernel's jitted function -> its buffers' shapes
+        # keyed weakly: a kernel dropped with its family (eviction.py) is freed, sets and all
+        self.free = weakref.WeakKeyDictionary()  # a run kernel's jitted function -> [sets]
+        self.shapes = weakref.WeakKeyDictionary()  # ... -> its buffers' shapes
 
     def take(self, kern, args: tuple, T: int) -> tuple[tuple, list]:
         """A set of buffers for a launch of the run kernel ``kern`` with room for ``T``

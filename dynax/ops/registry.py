@@ -119,7 +119,7 @@ class Signature:
     __slots__ = ("sid", "op", "kinds", "statics", "params", "param_pos", "in_akeys",
                  "out_akeys", "multi", "bounds", "n_ints", "kernels", "has_params",
                  "values_only", "family", "param_elements", "value_elements", "lane_work",
-                 "repeats", "__weakref__")
+                 "repeats", "last_used", "__weakref__")
 
     def __init__(self, sid, op, kinds, statics, params, param_pos, in_akeys, out_akeys,
                  multi, bounds):
@@ -137,6 +137,7 @@ class Signature:
         self.has_params = bool(params)
         self.kernels: dict = {}  # executor's cache of jitted kernels (its family's)
         self.family: Signature = self  # what its kernels are compiled from (see below)
+        self.last_used = 0  # the pass that last looked up one of its kernels (a family's)
         self.param_elements = 0  # elements of its parameters: about a lane's multiply-adds
         self.value_elements = 1  # elements of a lane's values, read and written
         # a lane's work in elements, its parameters' or its values' (what it reads and

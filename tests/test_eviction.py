@@ -14,7 +14,7 @@ import pytest
 import dynax as dx
 from dynax.executor import eviction
 from dynax.graph.computation_graph import _engine
-from reference import STRATEGIES, assert_close, zero_grads
+from reference import STRATEGIES, assert_close, clear_kernels, zero_grads
 
 D = 6
 
@@ -178,3 +178,67 @@ def test_the_current_graphs_arenas_stay_however_long_it_lives(monkeypatch):
     ref2, (gE2, _) = model.reference([6, 7])
     assert_close(total.scalar_value(), ref5 + ref2)
     assert_close(np.asarray(model.E.grad), gE5 + gE2)
+
+
+@pytest.mark.parametrize("dropping", [False, True])
+def test_two_threads_training_from_cold_kernels(small_limits, monkeypatch, dropping):
+    """Two threads train models of equal shapes (one kernel family per op), from no
+    compiled kernel, and (``dropping``) while every check drops every family it can: each
+    gets the numbers it gets alone with nothing dropped. Two threads making a family's
+    first kernels at once left a run whose recorded step kernel never ran (the other
+    thread's was cached), and its backward failed with ``KeyError: 'spec'``, 4 runs in 4
+    with or without dropping (session 78's audit); a check between a pass's two lookups
+    of one kernel could do the same."""
+    import threading
+
+    monkeypatch.setattr(eviction, "KEEP_PASSES", 0)
+    if not dropping:
+        monkeypatch.setattr(eviction, "CHECK_EVERY", 10 ** 9)
+
+    def work(seed, out):
+        pc = dx.ParameterCollection(seed=seed)
+        lstm = dx.nn.LSTMBuilder(1, 4, 4, pc)
+        E = pc.add_lookup_parameters((20, 4), name="E")
+        W = pc.add_parameters((3, 4), name="W")
+        trainer = dx.SimpleSGDTrainer(pc, 0.1)
+        rng = np.random.default_rng(seed)
+        for i in range(12):
+            dx.renew_cg(autobatch=("agenda", "depth")[i % 2])
+            losses = []
+            for n in (2 + i % 5, 3):
+                words = rng.integers(0, 20, n)
+                hs = lstm.initial_state().transduce([E[int(w)] for w in words])
+                losses.append(dx.pickneglogsoftmax(W @ hs[-1], i % 3))
+            loss = dx.esum(losses)
+            out.append(loss.scalar_value())
+            loss.backward()
+            trainer.update()
+        out.extend(np.asarray(p.value) for p in pc.parameters())
+
+    alone = {1: [], 2: []}
+    with monkeypatch.context() as m:  # nothing dropped
+        m.setattr(eviction, "MAX_KERNELS", 10 ** 9)
+        m.setattr(eviction, "map_limit", lambda: None)
+        for seed in alone:
+            work(seed, alone[seed])
+    together, errors = {1: [], 2: []}, []
+
+    def run(seed):
+        try:
+            work(seed, together[seed])
+        except Exception as e:  # noqa: BLE001  (reported below, with the thread's numbers)
+            errors.append(e)
+
+    clear_kernels()  # the threads make them again, and drop them as they go
+    dropped = eviction.dropped
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in together]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert (eviction.dropped > dropped) == dropping
+    for seed in alone:
+        assert len(together[seed]) == len(alone[seed])
+        for got, want in zip(together[seed], alone[seed]):
+            assert_close(got, want)

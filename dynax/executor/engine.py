@@ -269,16 +269,16 @@ class Engine:
         part-way), and pooled arenas donated to a kernel that did not return are replaced
         by fresh ones of the same capacity, so later graphs run."""
         self._follow_device(g)
-        now = eviction.tick()
-        if not g.rows:  # nothing of g in the arenas yet: those long unused can go
-            self._drop_idle_arenas(now)
-        try:
-            self._forward(g)
-        except BaseException as e:
-            self._replace_lost_arenas()
-            if g.failed is None and g.computed < len(g.node_sig):
-                g.failed = f"its forward pass stopped part-way ({type(e).__name__})"
-            raise
+        with eviction.pass_running() as now:
+            if not g.rows:  # nothing of g in the arenas yet: those long unused can go
+                self._drop_idle_arenas(now)
+            try:
+                self._forward(g)
+            except BaseException as e:
+                self._replace_lost_arenas()
+                if g.failed is None and g.computed < len(g.node_sig):
+                    g.failed = f"its forward pass stopped part-way ({type(e).__name__})"
+                raise
 
     def _replace_lost_arenas(self) -> None:
         """Fresh zero arenas for the ones a failed or interrupted kernel took (donated
@@ -697,7 +697,10 @@ class Engine:
         ``full``, compute the cotangent of every value the loss depends on as well (inputs
         included), for ``Expression.gradient()``."""
         self._follow_device(g)
-        eviction.tick()
+        with eviction.pass_running():
+            return self._backward(g, v, full)
+
+    def _backward(self, g, v: int, full: bool):
         early, g.early = g.early, None
         if early is not None:
             if early.fits(g, v, full):

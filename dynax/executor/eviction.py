@@ -3,7 +3,7 @@
 Kernels are compiled per value shape, and each new shape gets pooled arenas (a value arena
 and a gradient arena of at least ``ARENA_START_BYTES``). A model whose value shapes follow
 the data (attention over each sentence's own length, one score per word) meets a new shape
-with every new length, and nothing was ever dropped: memory grew by ~15 MB per length, and
+with every new length, and nothing was ever dropped: the process grew ~15 MB a length, and
 XLA:CPU maps each fused loop of an executable into memory on its own (three maps a loop; a
 ``concatenate`` of 40 scores is ~56 loops), so an attention model run over lengths 1..150
 reached Linux's limit of 65,530 memory maps near length 130 and died in LLVM (session 77).
@@ -11,12 +11,13 @@ reached Linux's limit of 65,530 memory maps near length 130 and died in LLVM (se
 So each kernel family (registry: the kernels of one op on one set of argument shapes) is
 stamped with the pass that last looked one of its kernels up (``clock``, counting the
 forward and backward passes of every thread), and after every ``CHECK_EVERY`` new kernels
-the process checks what it holds. Past ``MAX_KERNELS`` kernels, or past ``MAP_SHARE`` of
-the kernel's limit on memory maps (Linux: ``vm.max_map_count``), the least recently used
-families not used within ``KEEP_PASSES`` passes lose their kernels (to ``MAX_KERNELS / 2``,
-or half of what can go for the maps). A dropped kernel is an ordinary Python object: with
-it go JAX's executable and its maps (checked: 60 such kernels held 5,800 maps, 230 after).
-A family used again compiles again, as it did the first time. Arenas of shapes no pass of
+the process checks what it holds, at the start of a pass while no other pass runs. Past
+``MAX_KERNELS`` kernels, or past ``MAP_SHARE`` of the kernel's limit on memory maps (Linux:
+``vm.max_map_count``), the least recently used families not used within ``KEEP_PASSES``
+passes lose their kernels (to ``MAX_KERNELS / 2``, or half of what can go for the maps).
+A dropped kernel is an ordinary Python object: with it go JAX's executable and its maps
+(checked: 60 such kernels held 5,800 maps, 230 after). A family used again compiles again,
+as it did the first time. Arenas of shapes no pass of
 their thread used within ``ARENA_IDLE_PASSES`` passes are dropped when a graph starts.
 
 Workloads of fixed or bucketed shapes never come near: the examples hold 100-160 kernels
@@ -24,7 +25,9 @@ and ~530 maps at their end.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 
 from ..ops.registry import live_kernel_families
 
@@ -37,6 +40,9 @@ ARENA_IDLE_PASSES = 256  # a thread's arenas unused for this many passes are dro
 clock = 0  # forward and backward passes started, in every thread
 _new_kernels = 0  # kernels made since the last check
 dropped = 0  # kernels dropped so far (tests, debugging)
+_LOCK = threading.Lock()  # over the count of threads in a pass, and over each check
+_threads_in_pass = 0
+_local = threading.local()  # .depth: this thread's passes in flight (a read runs backward)
 
 
 def new_kernel() -> None:
@@ -45,15 +51,31 @@ def new_kernel() -> None:
     _new_kernels += 1
 
 
-def tick() -> int:
-    """A pass starts: advance the clock, check what is held if kernels were made since the
-    last check, and return the pass's stamp."""
-    global clock, _new_kernels
-    clock += 1
-    if _new_kernels >= CHECK_EVERY:
-        _new_kernels = 0
-        drop_old_kernels()
-    return clock
+@contextlib.contextmanager
+def pass_running():
+    """Around a forward or backward pass: advances the clock and yields the pass's stamp.
+    Kernels are dropped only here, at the start of a pass while no other thread is in one:
+    a pass looks some kernels up twice (a run's step kernel on its own, then through the
+    run kernel), and a family cleared between the two would give the batch a step kernel
+    the run never ran, whose backward then fails (session 78's audit)."""
+    global clock, _new_kernels, _threads_in_pass
+    depth = getattr(_local, "depth", 0)
+    with _LOCK:
+        clock += 1
+        now = clock
+        if not depth:
+            _threads_in_pass += 1
+            if _new_kernels >= CHECK_EVERY and _threads_in_pass == 1:
+                _new_kernels = 0
+                drop_old_kernels()
+    _local.depth = depth + 1
+    try:
+        yield now
+    finally:
+        _local.depth = depth
+        if not depth:
+            with _LOCK:
+                _threads_in_pass -= 1
 
 
 def held_kernels(families=None) -> int:

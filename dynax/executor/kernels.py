@@ -244,6 +244,15 @@ def _family(sig):
     return family
 
 
+def _cached(family, key, k: Kernel) -> Kernel:
+    """Cache ``k`` as ``family``'s kernel of ``key``, unless another thread cached one in
+    the meantime: that one, then, so that every thread looks up the same kernel (a run's
+    step kernel is looked up on its own and again through the run; two threads making
+    the first kernels of a family at once left a run whose recorded step never ran, and
+    its backward failed: session 78's audit)."""
+    return family.kernels.setdefault(key, k)
+
+
 def _trained_variants(sig, kind: str, modes: tuple, B: int, *rest) -> list:
     """The kernels ``(kind, modes, B, gflags, *rest)`` of ``sig`` with gradient flags (its
     training variants)."""
@@ -347,8 +356,7 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None,
 
     name = f"{sig.op.name}_fwd_B{B}" + (f"_D{distinct}" if distinct else "")
     k = Kernel(_jit(kernel, name, (0,), B * sig.lane_work), w_akeys, r_akeys, meta, kernel)
-    sig.kernels[key] = k
-    return k
+    return _cached(sig, key, k)
 
 
 PACK_MAX_ELEMENTS = 1 << 17  # larger residuals stay buffers of their own
@@ -482,8 +490,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
             + (f"_D{distinct}" if distinct else ""))
     k = Kernel(_jit(kernel, name, (0, 1), B * sig.lane_work), g_akeys, v_akeys, {},
                kernel)
-    sig.kernels[key] = k
-    return k
+    return _cached(sig, key, k)
 
 
 def run_steps(packets):
@@ -536,8 +543,7 @@ def forward_run_kernel(sig, modes: tuple, B: int, gflags: tuple | None, T: int) 
 
     k = Kernel(_jit(kernel, f"{sig.op.name}_fwd_B{B}_T{T}", (0, 4), B * sig.lane_work),
                step.write_akeys, step.read_akeys, step.meta, kernel, step)
-    sig.kernels[key] = k
-    return k
+    return _cached(sig, key, k)
 
 
 def run_residuals(run: Kernel, args: tuple, T: int) -> tuple:
@@ -600,8 +606,7 @@ def backward_run_kernel(sig, modes: tuple, gflags: tuple, B: int, forward: Kerne
                     accumulates=sig.has_params and not deferred and not one_thread,
                     one_thread=one_thread),
                step.write_akeys, read_akeys, {}, kernel)
-    sig.kernels[key] = k
-    return k
+    return _cached(sig, key, k)
 
 
 def _at(saved, t):

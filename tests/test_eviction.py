@@ -147,17 +147,82 @@ def test_many_memory_maps_drop_kernels_below_the_kernel_limit(monkeypatch):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_arenas_of_shapes_unused_for_a_while_are_dropped(monkeypatch, strategy):
-    monkeypatch.setattr(eviction, "ARENA_IDLE_PASSES", 4)
+    """Arenas of shapes none of the thread's last ``ARENA_IDLE_PASSES`` forward passes
+    wrote go when a graph starts, the last backward pass's gradient arenas with them (a
+    retired graph's: they stayed alive through an evaluation-only phase)."""
+    monkeypatch.setattr(eviction, "ARENA_IDLE_PASSES", 2)
     model = Attention()
     rows5 = set(_check(model, [1, 2, 3, 4, 5], strategy)[2].rows)
-    five = rows5 - set(_check(model, [1, 2, 3], strategy)[2].rows)
+    shapes = {a: _engine().arenas[a].shape for a in rows5}
+    for _ in range(3):  # evaluation only: 3 forward passes, and no backward pass
+        dx.renew_cg(autobatch=strategy, train=False)
+        loss = model.loss([4, 5, 6])
+        loss.scalar_value()
+    five = rows5 - set(loss.g.rows)
     assert five, "lengths 5 and 3 share every value shape: this test checks nothing"
-    assert five <= set(_engine().arenas)
-    for _ in range(3):  # 6 passes: length 5's arenas are idle past the limit
-        _check(model, [4, 5, 6], strategy)
     assert not five & set(_engine().arenas), "the idle arenas are still held"
     assert not five & set(_engine().spare_grads)
+    del loss
+    gc.collect()
+    assert not [a.shape for a in jax.live_arrays() if a.shape in {shapes[a] for a in five}]
     _check(model, [1, 2, 3, 4, 5], strategy)  # made again: the same numbers
+
+
+def test_another_threads_passes_do_not_age_this_threads_arenas(monkeypatch):
+    """A thread's arenas are dropped by its own forward passes' count, not every
+    thread's: a training loop with a second thread busy between its updates kept losing
+    (and allocating again) the arenas it uses in every graph (session 78's audit)."""
+    import threading
+    monkeypatch.setattr(eviction, "ARENA_IDLE_PASSES", 3)
+    model = Attention()
+    _check(model, [1, 2, 3, 4, 5], "agenda")
+    used = set(_engine().arenas)
+
+    def busy():
+        other = Attention()
+        for n in range(2, 10):
+            dx.renew_cg()
+            other.loss(list(range(n))).scalar_value()
+
+    t = threading.Thread(target=busy)
+    t.start()
+    t.join()
+    grown = []
+    real_grow = type(_engine())._grow
+    monkeypatch.setattr(type(_engine()), "_grow",
+                        lambda self, a, need: grown.append(a) or real_grow(self, a, need))
+    _check(model, [1, 2, 3, 4, 5], "agenda")
+    assert used <= set(_engine().arenas) and not grown, f"arenas made again: {grown}"
+
+
+def test_listing_kernel_families_while_another_thread_adds_some(monkeypatch):
+    """The check lists every kernel family while other threads may be adding ones (a
+    node of a new shape): it raised ``RuntimeError: Set changed size during iteration``
+    out of ``forward()`` at its first check (session 78's audit)."""
+    import threading
+    monkeypatch.setattr(eviction, "CHECK_EVERY", 1)
+    stop, errors = threading.Event(), []
+
+    def builder():
+        n = 1
+        while not stop.is_set():
+            dx.renew_cg()
+            for _ in range(50):
+                dx.tanh(dx.input(np.zeros(n, np.float32)))
+                n += 1
+
+    t = threading.Thread(target=builder)
+    t.start()
+    try:
+        for i in range(40):  # a new shape a pass: a check at every pass
+            dx.renew_cg()
+            dx.sum_elems(dx.tanh(dx.input(np.ones(3 + i, np.float32)))).scalar_value()
+    except RuntimeError as e:
+        errors.append(e)
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors
 
 
 def test_the_current_graphs_arenas_stay_however_long_it_lives(monkeypatch):

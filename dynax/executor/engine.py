@@ -185,6 +185,7 @@ class Engine:
         self.merge_repeats = True
         self.dry_passes = 0  # forward passes since one ran a batch on its distinct lanes
         self.residuals = ResidualPool()  # run kernels' residual buffers (scratch.py)
+        self.passes = 0  # forward passes of this thread: the clock of its arenas' use
         self.arena_used: dict = {}  # akey -> the last pass that wrote its arena (eviction.py)
 
     def _follow_device(self, g) -> None:
@@ -240,11 +241,14 @@ class Engine:
             new = new.at[: old.shape[0]].set(old)
         self.arenas[akey] = new
 
-    def _drop_idle_arenas(self, now: int) -> None:
-        """Drop the arenas (and spare gradient arenas) no pass of this thread has written
-        within ``eviction.ARENA_IDLE_PASSES`` passes: of value shapes it stopped meeting."""
-        idle = [a for a, t in self.arena_used.items() if t < now - eviction.ARENA_IDLE_PASSES]
-        for a in idle:
+    def _drop_idle_arenas(self) -> None:
+        """At a graph's start, drop the arenas (and spare gradient arenas) none of this
+        thread's last ``eviction.ARENA_IDLE_PASSES`` forward passes wrote: of value shapes
+        it stopped meeting. The last backward pass's arenas go with them: that graph is
+        retired, so no ``gradient()`` reads them (the spare ones stay for the next pass)."""
+        self.last_grads = None
+        oldest = self.passes - eviction.ARENA_IDLE_PASSES
+        for a in [a for a, t in self.arena_used.items() if t < oldest]:
             del self.arena_used[a]
             self.arenas.pop(a, None)
             self.spare_grads.pop(a, None)
@@ -269,9 +273,10 @@ class Engine:
         part-way), and pooled arenas donated to a kernel that did not return are replaced
         by fresh ones of the same capacity, so later graphs run."""
         self._follow_device(g)
-        with eviction.pass_running() as now:
+        self.passes += 1
+        with eviction.pass_running():
             if not g.rows:  # nothing of g in the arenas yet: those long unused can go
-                self._drop_idle_arenas(now)
+                self._drop_idle_arenas()
             try:
                 self._forward(g)
             except BaseException as e:
@@ -311,7 +316,7 @@ class Engine:
         if isinstance(batches, list):
             rows = self._rows(g, consts, lo, hi, batches)
             self._grow_to(rows)
-        self.arena_used.update(dict.fromkeys(rows, eviction.clock))
+        self.arena_used.update(dict.fromkeys(rows, self.passes))
         self._load_constants(g, consts)
         g.pending_consts = []
         # a reused plan's batches are prepared as they were last time (replay.py)

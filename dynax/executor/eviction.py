@@ -17,8 +17,8 @@ the process checks what it holds, at the start of a pass while no other pass run
 passes lose their kernels (to ``MAX_KERNELS / 2``, or half of what can go for the maps).
 A dropped kernel is an ordinary Python object: with it go JAX's executable and its maps
 (checked: 60 such kernels held 5,800 maps, 230 after). A family used again compiles again,
-as it did the first time. Arenas of shapes no pass of
-their thread used within ``ARENA_IDLE_PASSES`` passes are dropped when a graph starts.
+as it did the first time. Arenas of shapes none of their thread's last
+``ARENA_IDLE_PASSES`` forward passes wrote are dropped when its next graph starts.
 
 Workloads of fixed or bucketed shapes never come near: the examples hold 100-160 kernels
 and ~530 maps at their end.
@@ -35,7 +35,7 @@ CHECK_EVERY = 32  # new kernels between two checks (a check: ~8 ms at 20,000 map
 MAX_KERNELS = 2048  # compiled kernels the process keeps at most (the examples: 100-160)
 MAP_SHARE = 0.5  # of the limit on memory maps, past which kernels are dropped
 KEEP_PASSES = 16  # families used within this many passes keep their kernels
-ARENA_IDLE_PASSES = 256  # a thread's arenas unused for this many passes are dropped
+ARENA_IDLE_PASSES = 64  # a thread's arenas unused in its last this many forward passes go
 
 clock = 0  # forward and backward passes started, in every thread
 _new_kernels = 0  # kernels made since the last check
@@ -53,7 +53,7 @@ def new_kernel() -> None:
 
 @contextlib.contextmanager
 def pass_running():
-    """Around a forward or backward pass: advances the clock and yields the pass's stamp.
+    """Around a forward or backward pass: advances the clock.
     Kernels are dropped only here, at the start of a pass while no other thread is in one:
     a pass looks some kernels up twice (a run's step kernel on its own, then through the
     run kernel), and a family cleared between the two would give the batch a step kernel
@@ -62,7 +62,6 @@ def pass_running():
     depth = getattr(_local, "depth", 0)
     with _LOCK:
         clock += 1
-        now = clock
         if not depth:
             _threads_in_pass += 1
             if _new_kernels >= CHECK_EVERY and _threads_in_pass == 1:
@@ -70,7 +69,7 @@ def pass_running():
                 drop_old_kernels()
     _local.depth = depth + 1
     try:
-        yield now
+        yield
     finally:
         _local.depth = depth
         if not depth:

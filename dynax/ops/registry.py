@@ -173,7 +173,8 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()  # every signature still in use (intr
 def live_signatures() -> list:
     """The signatures still alive (kept by a live op or parameter, or a graph), oldest
     first: for tests and debugging."""
-    return sorted(_LIVE, key=lambda s: s.sid)
+    with _INTERN_LOCK:  # another thread may be adding one
+        return sorted(_LIVE, key=lambda s: s.sid)
 
 
 _FAMILIES: weakref.WeakSet = weakref.WeakSet()  # every kernel family still kept (introspection)
@@ -182,7 +183,8 @@ _FAMILIES: weakref.WeakSet = weakref.WeakSet()  # every kernel family still kept
 def live_kernel_families() -> list:
     """The kernel families still kept by their ops, oldest first, whether or not a live
     signature shares them (a dropped model's stay with its op): for tests and debugging."""
-    return sorted(_FAMILIES, key=lambda s: s.sid)
+    with _INTERN_LOCK:  # another thread may be adding one (iterating raised then)
+        return sorted(_FAMILIES, key=lambda s: s.sid)
 
 
 def signature_table(key: tuple) -> dict:

@@ -53,11 +53,11 @@ def new_kernel() -> None:
 
 @contextlib.contextmanager
 def pass_running():
-    """Around a forward or backward pass: advances the clock.
-    Kernels are dropped only here, at the start of a pass while no other thread is in one:
-    a pass looks some kernels up twice (a run's step kernel on its own, then through the
-    run kernel), and a family cleared between the two would give the batch a step kernel
-    the run never ran, whose backward then fails (session 78's audit)."""
+    """Around a forward or backward pass: advances the clock. Kernels are dropped only
+    here, at the start of a pass while no other thread is in one: a pass looks some
+    kernels up twice (a run's step kernel on its own, then through the run kernel), and a
+    family cleared between the two would give the batch a step kernel the run never ran,
+    whose backward then fails (session 78's audit)."""
     global clock, _new_kernels, _threads_in_pass
     depth = getattr(_local, "depth", 0)
     with _LOCK:
@@ -78,8 +78,8 @@ def pass_running():
 
 
 def held_kernels(families=None) -> int:
-    """The compiled kernels the process holds (an evaluation's alias of a training kernel
-    counts once per key)."""
+    """The compiled kernels the process holds, by key (an evaluation's alias of a training
+    kernel counts again)."""
     if families is None:
         families = live_kernel_families()
     return sum(len(f.kernels) for f in families)

@@ -256,7 +256,7 @@ def _cached(family, key, k: Kernel) -> Kernel:
 def _trained_variants(sig, kind: str, modes: tuple, B: int, *rest) -> list:
     """The kernels ``(kind, modes, B, gflags, *rest)`` of ``sig`` with gradient flags (its
     training variants)."""
-    # a copy of the items: another thread's check may drop the family's kernels
+    # a copy of the items: another thread may cache a kernel of the family meanwhile
     return [k for other, k in tuple(sig.kernels.items())
             if other[0] == kind and other[1:3] == (modes, B) and other[3] is not None
             and other[4:] == rest]

@@ -4,6 +4,7 @@ equal plain JAX's and the unbatched reference's, for every strategy."""
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 
 import jax
@@ -172,7 +173,6 @@ def test_another_threads_passes_do_not_age_this_threads_arenas(monkeypatch):
     """A thread's arenas are dropped by its own forward passes' count, not every
     thread's: a training loop with a second thread busy between its updates kept losing
     (and allocating again) the arenas it uses in every graph (session 78's audit)."""
-    import threading
     monkeypatch.setattr(eviction, "ARENA_IDLE_PASSES", 3)
     model = Attention()
     _check(model, [1, 2, 3, 4, 5], "agenda")
@@ -199,7 +199,6 @@ def test_listing_kernel_families_while_another_thread_adds_some(monkeypatch):
     """The check lists every kernel family while other threads may be adding ones (a
     node of a new shape): it raised ``RuntimeError: Set changed size during iteration``
     out of ``forward()`` at its first check (session 78's audit)."""
-    import threading
     monkeypatch.setattr(eviction, "CHECK_EVERY", 1)
     stop, errors = threading.Event(), []
 
@@ -254,8 +253,6 @@ def test_two_threads_training_from_cold_kernels(small_limits, monkeypatch, dropp
     thread's was cached), and its backward failed with ``KeyError: 'spec'``, 4 runs in 4
     with or without dropping (session 78's audit); a check between a pass's two lookups
     of one kernel could do the same."""
-    import threading
-
     monkeypatch.setattr(eviction, "KEEP_PASSES", 0)
     if not dropping:
         monkeypatch.setattr(eviction, "CHECK_EVERY", 10 ** 9)

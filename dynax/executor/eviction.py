@@ -26,7 +26,7 @@ and ~530 maps at their end.
 from __future__ import annotations
 
 import contextlib
-import sys
+import functools
 import threading
 
 from ..ops.registry import live_kernel_families
@@ -111,24 +111,19 @@ def drop_old_kernels() -> int:
     return n
 
 
-_MAP_LIMIT: list = []
-
-
+@functools.cache
 def map_limit() -> int | None:
-    """The kernel's limit on a process's memory maps, or None where it is not known."""
-    if not _MAP_LIMIT:
-        try:
-            with open("/proc/sys/vm/max_map_count") as f:
-                _MAP_LIMIT.append(int(f.read()))
-        except (OSError, ValueError):
-            _MAP_LIMIT.append(None)
-    return _MAP_LIMIT[0]
+    """The kernel's limit on a process's memory maps (Linux), or None where it is not
+    known: then the maps are not counted."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def memory_maps() -> int:
-    """The process's memory maps now (Linux; 0 elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return 0
+    """The process's memory maps now (Linux; 0 where they cannot be read)."""
     try:
         with open("/proc/self/maps", "rb") as f:
             return f.read().count(b"\n")

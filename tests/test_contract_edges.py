@@ -577,6 +577,51 @@ def test_a_function_jax_cannot_differentiate_runs_for_decisions(strategy):
                                   np.round(np.asarray(W.value) @ xs[0]))
 
 
+def test_a_failed_launch_forgets_only_its_own_kernels(monkeypatch):
+    """A training forward that fails and falls back to values-only forgets the kernels it
+    made, and only those: a kernel of the same family that another thread cached during
+    the failing launch stays cached (it was forgotten by count before: that thread's next
+    lookup of it compiled a second kernel, the caching race of session 78's audit)."""
+    import threading
+
+    from dynax.executor import engine, kernels
+
+    def host_round(x):
+        return np.round(x)
+
+    @dx.function
+    def round_on_host(h):  # a callback without a JVP rule: its training forward fails
+        return jax.pure_callback(host_round, jax.ShapeDtypeStruct(h.shape, h.dtype), h,
+                                 vmap_method="sequential")
+
+    other = kernels.Kernel(fn=lambda *a: a, write_akeys=(), read_akeys=(), meta={},
+                           body=lambda *a: a)
+    launch = engine.Engine._launch
+    cached_meanwhile = []
+
+    def launch_while_another_thread_caches(self, g, run, ahead=None):
+        sig = run[0][0]
+        if sig.op.name.endswith("round_on_host") and not cached_meanwhile:
+            t = threading.Thread(target=lambda: cached_meanwhile.append(
+                (sig, kernels._cached(sig, ("another thread's",), other))))
+            t.start()
+            t.join()
+        return launch(self, g, run, ahead)
+
+    monkeypatch.setattr(engine.Engine, "_launch", launch_while_another_thread_caches)
+    pc = dx.ParameterCollection(seed=0)
+    W = pc.add_parameters((3, 3), name="W")
+    x = np.array([0.4, 1.6, -2.2], np.float32)
+    dx.renew_cg(train=True)
+    decision = round_on_host(W @ dx.input(x))
+    np.testing.assert_array_equal(decision.npvalue(), np.round(np.asarray(W.value) @ x))
+    sig, cached = cached_meanwhile[0]
+    assert sig.values_only is not None  # the training launch failed, and was undone
+    assert cached is other and sig.kernels.get(("another thread's",)) is other
+    own = [key for key in sig.kernels if key != ("another thread's",)]
+    assert own and all(key[3] is None for key in own)  # its training kernel is forgotten
+
+
 def test_a_failed_backward_says_the_gradients_are_partial():
     """A backward pass that fails part-way (here: a while_loop, which JAX cannot reverse)
     cannot undo what it accumulated without a copy of every gradient; the error says so,

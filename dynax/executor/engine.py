@@ -33,8 +33,9 @@ from .buckets import bucket, coarse_bucket
 from .early import DroppedGradients, EarlyBackward, may_run_early
 from .validity import check_argument_grads, check_block, check_forward, check_param_grads
 from .kernels import (GATHER, UNIFORM, backward_kernel, backward_run_kernel, clear_rows,
-                      compile_clear, defers, forward_kernel, forward_run_kernel,
-                      load_block, packet_offsets, seed_gradient)
+                      compile_clear, defers, forget_made, forward_kernel,
+                      forward_run_kernel, load_block, made_kernels, made_mark,
+                      packet_offsets, seed_gradient)
 from .merges import merged_groups
 from .repeats import RepeatGate, repeated_lanes
 from .replay import Recording
@@ -274,7 +275,7 @@ class Engine:
         by fresh ones of the same capacity, so later graphs run."""
         self._follow_device(g)
         self.passes += 1
-        with eviction.pass_running():
+        with eviction.pass_running(), made_kernels():
             if not g.rows:  # nothing of g in the arenas yet: those long unused can go
                 self._drop_idle_arenas()
             try:
@@ -361,15 +362,15 @@ class Engine:
                 step = _joined_flags(run, step)  # a sequence's first step joins its run
             # a batch running its distinct lanes only is launched on its own
             if run and (not fuse or step[:4] != run[0][:4] or step[6] or run[0][6]):
-                n_kernels = len(run[0][0].kernels)  # before the check makes any
+                mark = made_mark()  # before the check makes any of its kernels
                 if held or self._meets_new_kernel(g, run):
-                    held.append((run, n_kernels))
+                    held.append((run, mark))
                 else:
-                    self._launch_checked(g, run, n_kernels)
+                    self._launch_checked(g, run, mark)
                 run = []
             run.append(step)
         if run:
-            held.append((run, len(run[0][0].kernels)))
+            held.append((run, made_mark()))
         self._launch_held(g, held)
         if recording is not None:
             reused.replay = recording.finish(g)
@@ -390,7 +391,7 @@ class Engine:
                 and any(is_new(launch[0].fn) for launch in self._launches(g, run)))
 
     def _launch_held(self, g, held: list) -> None:
-        """Launch the ``held`` runs (``(run, kernels its signature had before)``) in order,
+        """Launch the ``held`` runs (``(run, made_mark() before its kernels)``) in order,
         their new kernels first lowered here and compiled in ``ahead.py``'s pool, side by
         side, so that each launch waits for its own only."""
         ahead = None
@@ -404,17 +405,17 @@ class Engine:
                         if T:
                             args += (self.residuals.spare(kern, args, T),)
                         ahead.submit(kern.fn, args)
-        for run, n_kernels in held:
-            self._launch_checked(g, run, n_kernels, ahead)
+        for run, mark in held:
+            self._launch_checked(g, run, mark, ahead)
 
-    def _launch_checked(self, g, run, n_kernels: int, ahead=None):
+    def _launch_checked(self, g, run, mark: int, ahead=None):
         """``_launch``; an error there (compiling or running the kernel, e.g. a function JAX
         cannot batch) names the op, and leaves the graph failed: its rows are handed out
         part-way, so nothing more can run on it. A training forward that fails where a
         values-only one runs (a callback without a JVP rule) runs values-only instead.
-        ``n_kernels``: how many kernels its signature had before this run's were made."""
+        ``mark``: ``made_mark()`` before this run's kernels were made."""
         sig = run[0][0]
-        before = n_kernels, len(g.batches), g.n_launches
+        before = mark, len(g.batches), g.n_launches
         try:
             self._launch(g, run, ahead)
         except Exception as e:
@@ -433,7 +434,7 @@ class Engine:
         runs so from now on, and a backward that needs it is refused before any kernel
         runs (``_check_backward_possible``)."""
         sig = run[0][0]
-        before = len(sig.kernels), len(g.batches), g.n_launches
+        before = made_mark(), len(g.batches), g.n_launches
         try:
             self._launch(g, [(*step[:3], None, *step[4:]) for step in run])
         except Exception:
@@ -1215,12 +1216,12 @@ def _first_line(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e) else ""
 
 
-def _undo_launch(g, sig, n_kernels: int, n_batches: int, n_launches: int) -> None:
-    """Forget a failed launch: the kernels it made (cached in insertion order; one may be
+def _undo_launch(g, sig, mark: int, n_batches: int, n_launches: int) -> None:
+    """Forget a failed launch: the kernels of ``sig`` this thread made for it (one may be
     what failed to trace or compile, and later graphs would reuse it: an evaluation reuses
-    a training kernel) and the batches it recorded."""
-    for key in list(sig.kernels)[n_kernels:]:
-        del sig.kernels[key]
+    a training kernel; not those another thread made meanwhile) and the batches it
+    recorded."""
+    forget_made(sig.kernels, mark)
     del g.batches[n_batches:]
     g.n_launches = n_launches
 

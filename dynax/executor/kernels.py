@@ -22,8 +22,10 @@ any gradient.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
 from typing import Callable, NamedTuple
 
 import jax
@@ -250,7 +252,48 @@ def _cached(family, key, k: Kernel) -> Kernel:
     step kernel is looked up on its own and again through the run; two threads making
     the first kernels of a family at once left a run whose recorded step never ran, and
     its backward failed: session 78's audit)."""
-    return family.kernels.setdefault(key, k)
+    kept = family.kernels.setdefault(key, k)
+    if kept is k:
+        _note_made(family.kernels, key, k)
+    return kept
+
+
+_made = threading.local()  # .log: what this thread cached inside ``made_kernels``
+
+
+def _note_made(kernels: dict, key, k) -> None:
+    log = getattr(_made, "log", None)
+    if log is not None:
+        log.append((kernels, key, k))
+
+
+@contextlib.contextmanager
+def made_kernels():
+    """Logs the kernels this thread caches inside the block (a forward pass's launches), so
+    that a failed launch forgets its own kernels only (``made_mark``, ``forget_made``):
+    another thread may cache kernels of the same family meanwhile."""
+    outer = getattr(_made, "log", None)
+    _made.log = log = []
+    try:
+        yield
+    finally:
+        _made.log = outer
+        if outer is not None:
+            outer.extend(log)
+
+
+def made_mark() -> int:
+    """A mark in this thread's log of kernels made: ``forget_made`` forgets those after."""
+    return len(_made.log)
+
+
+def forget_made(kernels: dict, mark: int) -> None:
+    """Uncache the kernels of the cache ``kernels`` that this thread made after ``mark``,
+    each only if it is still the one cached under its key."""
+    log = _made.log
+    for cache, key, k in log[mark:]:
+        if cache is kernels and cache.get(key) is k:
+            del cache[key]
 
 
 def _trained_variants(sig, kind: str, modes: tuple, B: int, *rest) -> list:
@@ -278,8 +321,10 @@ def _evaluation_kernel(sig, key: tuple, kind: str, modes: tuple, B: int, *rest):
     trained = _trained_variants(sig, kind, modes, B, *rest)
     choice = next((t for t in trained if not is_new(t.fn)), None) or k or \
         (trained[0] if trained else None)
-    if choice is not None:
+    if choice is not None and choice is not k:
         sig.kernels[key] = choice  # found once, searched for again only if emptied
+        if k is None:
+            _note_made(sig.kernels, key, choice)
     return choice
 
 

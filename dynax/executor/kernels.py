@@ -30,6 +30,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..device import get_device
@@ -167,8 +168,44 @@ def _expansion(packet, end: int, B: int):
     return packet[end + 1:end + 1 + B]
 
 
+def _stacked_list(sig, modes) -> bool:
+    """Whether a kernel reads its op's list items (all its value arguments, of one arena,
+    each gathered per lane) as ONE block of rows, for the op's ``stacked`` form. Read one
+    by one, each item cost XLA:CPU a gather and a piece of the stacking: ~5 ms of
+    compilation and ~3 memory maps an item, in the forward kernel and again in the
+    backward (a 500-item concatenate: 2.7 + 2.4 s, 3,100 maps; 10,000 items did not
+    compile in 3 minutes); a block costs the same whatever the count (session 79)."""
+    return (sig.op.stacked is not None and len(modes) > 1
+            and sig.kinds.startswith("v" * len(modes)) and "p" not in sig.kinds
+            and all(m == GATHER for m in modes) and len(set(sig.in_akeys)) == 1)
+
+
+def _differentiated(sig, modes, gflags) -> list:
+    """The value arguments a vjp is taken w.r.t. (those of ``gflags``); for a stacked list
+    (``_stacked_list``), its one block if any item needs a gradient."""
+    diff = [i for i, f in enumerate(gflags) if f]
+    if diff and _stacked_list(sig, modes):
+        return [0]
+    return diff
+
+
 def _batched(sig, modes, B):
-    """The op's single-instance function, vmapped over lanes; always returns a tuple."""
+    """The op's single-instance function, vmapped over lanes; always returns a tuple. A
+    stacked list's (``_stacked_list``) takes one value: its block of k x B rows."""
+    if _stacked_list(sig, modes):
+        k = len(modes)
+
+        def single_stacked(items, params, ints):
+            out = sig.op.stacked(items, *sig.assemble((None,) * k, params, ints)[k:])
+            return tuple(out) if sig.multi else (out,)
+
+        lanes = jax.vmap(single_stacked, in_axes=(1, None, 0))
+
+        def stacked(vals, params, ints):
+            (block,) = vals  # item-major: item j of lane b is row j * B + b
+            return lanes(block.reshape((k, B) + block.shape[1:]), params, ints)
+        return stacked
+
     def single(vals, params, ints):
         out = sig.op.fn(*sig.assemble(vals, params, ints))
         return tuple(out) if sig.multi else (out,)
@@ -208,6 +245,8 @@ def _read_inputs(arenas_of, sig, modes, val_off, packet, B, doubled: bool = Fals
     twice, for ``_first_lane`` to drop past an optimization barrier: XLA turns a 1-row
     gather into a slice of the arena, which aliases it, and then copies the whole arena
     (twice per call, seen in the compiled HLO) before the kernel writes it in place."""
+    if _stacked_list(sig, modes):  # one block of at least 2 rows: no 1-row gather
+        return [arenas_of(sig.in_akeys[0])[packet[val_off[0]:val_off[0] + len(modes) * B]]]
     xs = []
     for k, (m, off) in enumerate(zip(modes, val_off)):
         arena = arenas_of(sig.in_akeys[k])
@@ -220,9 +259,9 @@ def _read_inputs(arenas_of, sig, modes, val_off, packet, B, doubled: bool = Fals
     return xs
 
 
-def _first_lane(xs, modes, B):
+def _first_lane(xs, sig, modes, B):
     """Undo ``_read_inputs``'s ``doubled``: each gathered argument's first row."""
-    if B != 1:
+    if B != 1 or _stacked_list(sig, modes):
         return xs
     return [x[:1] if m == GATHER else x for x, m in zip(xs, modes)]
 
@@ -367,13 +406,13 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None,
         # and must copy the whole arena (measured: 2 copies per call of an 8192x150 arena).
         xs = lax.optimization_barrier(_read_inputs(arena_of, sig, modes, val_off, packet, L,
                                                    doubled=True))
-        xs = _first_lane(xs, modes, L)
+        xs = _first_lane(xs, sig, modes, L)
         ints = tuple(packet[o:o + L] for o in int_off)
         saved = ()
         if gflags is None:
             outs = batched(tuple(xs), params, ints)
         else:
-            outs, vjp = _vjp(batched, xs, [i for i, f in enumerate(gflags) if f], params, ints)
+            outs, vjp = _vjp(batched, xs, _differentiated(sig, modes, gflags), params, ints)
             leaves, meta["treedef"] = jax.tree_util.tree_flatten(vjp)
             spec, kept = [], []
             for leaf in leaves:  # identity test on tracers: is this residual a parameter?
@@ -480,6 +519,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     g_akeys = _unique(list(sig.out_akeys) + [sig.in_akeys[i] for i in diff])
     v_akeys = _unique(sig.in_akeys) if forward is None else ()
     batched = _batched(sig, modes, L)
+    stacked = _stacked_list(sig, modes)
 
     def kernel(garenas, pgrads, varenas, params, saved, packet, packed=True):
         ints = tuple(packet[o:o + L] for o in int_off)
@@ -497,7 +537,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
         if forward is None:
             xs = _read_inputs(lambda a: varenas[v_akeys.index(a)], sig, modes, val_off,
                               packet, L)
-            _, vjp = _vjp(batched, xs, diff, params, ints)
+            _, vjp = _vjp(batched, xs, _differentiated(sig, modes, gflags), params, ints)
         else:
             meta = forward.meta
             saved = _unpack(saved, meta["packing"]) if packed else list(saved)
@@ -510,13 +550,20 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
         # in-place updates made XLA copy the arena (it re-read the original buffer after the
         # first update); a single in-place op does not.
         updates: dict = {}
-        for i, d in zip(diff, dxs):
+        count = packet[end] if distinct else packet[0]  # real lanes
+        if stacked and diff:  # the block's cotangent, as it was read (item-major)
+            n = len(modes) * L
+            keep = np.repeat(np.asarray(gflags), L)  # items that take no gradient add 0
+            keep = jnp.logical_and(keep, lax.iota(jnp.int32, n) % L < count) if L > 1 else \
+                jnp.asarray(keep)  # and padded lanes (see below) add nothing
+            d = jnp.where(keep.reshape((n,) + (1,) * (dxs[0].ndim - 1)), dxs[0], 0)
+            updates[g_akeys.index(sig.in_akeys[0])] = [(packet[val_off[0]:val_off[0] + n], d)]
+        for i, d in zip(() if stacked else diff, dxs):
             off = val_off[i]
             if modes[i] == GATHER:
                 idx = packet[off:off + L]
                 if L > 1:  # a padded lane (lane 0's inputs, a zero cotangent) adds 0 * J,
                     # NaN where lane 0's derivative is infinite: it must add nothing
-                    count = packet[end] if distinct else packet[0]
                     d = jnp.where(_lane_mask(count, L, d.ndim), d, 0)
             else:
                 idx, d = packet[off:off + 1], d[None]

@@ -763,9 +763,17 @@ def _check_concat(avals, statics):
             raise ShapeError(f"concatenate: shapes {given} differ outside axis {d}{hint}")
 
 
+def _concat_stacked(X, d):
+    """``concatenate`` along ``d`` of the items stacked in ``X`` (all of one shape)."""
+    if X.ndim == 1:  # scalars, each a 1-vector
+        return X
+    s = X.shape[1:]
+    return jnp.moveaxis(X, 0, d).reshape(s[:d] + (X.shape[0] * s[d],) + s[d + 1:])
+
+
 CONCAT = OpDef("concatenate",
                lambda *a: jnp.concatenate([jnp.atleast_1d(x) for x in a[:-1]], axis=a[-1]),
-               CHEAP, check=_check_concat)
+               CHEAP, check=_check_concat, stacked=_concat_stacked)
 
 
 def concatenate(xs, d: int = 0):
@@ -916,16 +924,32 @@ def _stack(xs):
     return jnp.stack(xs)
 
 
-ESUM = OpDef("esum", lambda *xs: jnp.sum(_stack(xs), axis=0), CHEAP, check=_all_same("esum"))
-AVERAGE = OpDef("average", lambda *a: jnp.sum(_stack(a[:-1]), axis=0) / a[-1], CHEAP,
+def _of_stacked(stacked, counted: bool):
+    """A list op's function over its items (then the count of real items, if ``counted``)
+    from its form over the items stacked (``OpDef.stacked``)."""
+    if counted:
+        return lambda *a: stacked(_stack(a[:-1]), a[-1])
+    return lambda *xs: stacked(_stack(xs))
+
+
+def _sum_stacked(xs):
+    return jnp.sum(xs, axis=0)
+
+
+def _average_stacked(xs, n):  # n: the count of the original list (the rest is padding)
+    return jnp.sum(xs, axis=0) / n
+
+
+ESUM = OpDef("esum", _of_stacked(_sum_stacked, False), CHEAP, check=_all_same("esum"),
+             stacked=_sum_stacked)
+AVERAGE = OpDef("average", _of_stacked(_average_stacked, True), CHEAP,
                 check=lambda av, st: _all_same("average")(av[:-1], st),
-                index_bounds=lambda avals: (INDEX_LIMIT,))  # the count of the original list
+                index_bounds=lambda avals: (INDEX_LIMIT,), stacked=_average_stacked)
 
 
-def _emax(*a):
-    """Max over the first ``n`` items (``a[-1]``); the padding is masked out, so ties split
-    the gradient among the real items only, as ``jnp.max`` does."""
-    xs, n = _stack(a[:-1]), a[-1]
+def _emax_stacked(xs, n):
+    """Max over the first ``n`` items; the padding is masked out, so ties split the
+    gradient among the real items only, as ``jnp.max`` does."""
     real = (jnp.arange(xs.shape[0]) < n).reshape((-1,) + (1,) * (xs.ndim - 1))
     return _max_of_real(xs, jnp.broadcast_to(real, xs.shape))
 
@@ -945,8 +969,10 @@ def _max_of_real_jvp(primals, tangents):
     return m, jnp.sum(jnp.where(tied, tangents[0], 0.0), axis=0) / jnp.sum(tied, axis=0)
 
 
-EMAX = OpDef("emax", _emax, CHEAP, check=lambda av, st: _all_same("emax")(av[:-1], st),
-             index_bounds=lambda avals: (INDEX_LIMIT,))  # the count of real items
+EMAX = OpDef("emax", _of_stacked(_emax_stacked, True), CHEAP,
+             check=lambda av, st: _all_same("emax")(av[:-1], st),
+             index_bounds=lambda avals: (INDEX_LIMIT,),  # the count of real items
+             stacked=_emax_stacked)
 
 
 def _list_args(xs, opname):

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import IndexOutOfRangeError, InvalidArgumentError, ShapeError
 from .core import (MAX_LIST, _all_same, _apply, _binary, _binop, _both, _checked_shape,
                    _dropout_rate, _indices_in_range, _int, _int_list, _list_op,
-                   _number_as_data, _padded, _real, _reduced, _shape, _single, _tensor_node,
+                   _number_as_data, _of_stacked, _padded, _real, _reduced, _shape, _single, _tensor_node,
                    _unary, _vector, _zero_like, atomic, cmult, draw_key, input, kept_and_scaled,
                    lookup, parameter, seed_and_node_bounds, training_draw, zeros)
 from .registry import CHEAP, HEAVY, INDEX_LIMIT, OpDef
@@ -337,17 +337,17 @@ def colwise_add(x, bias):
     return _apply(COLWISE_ADD, x, bias)
 
 
-def _logsumexp(*a):
-    """``log(sum(exp))`` over the first ``n`` items (``a[-1]``), elementwise; the padding
-    is masked out."""
-    xs, n = jnp.stack(a[:-1]), a[-1]
+def _logsumexp_stacked(xs, n):
+    """``log(sum(exp))`` over the first ``n`` items, elementwise; the padding is masked
+    out."""
     real = (jnp.arange(xs.shape[0]) < n).reshape((-1,) + (1,) * (xs.ndim - 1))
     return jax.nn.logsumexp(xs, axis=0, where=jnp.broadcast_to(real, xs.shape))
 
 
-LOGSUMEXP = OpDef("logsumexp", _logsumexp, CHEAP,
+LOGSUMEXP = OpDef("logsumexp", _of_stacked(_logsumexp_stacked, True), CHEAP,
                   check=lambda av, st: _all_same("logsumexp")(av[:-1], st),
-                  index_bounds=lambda avals: (INDEX_LIMIT,))  # the count of real items
+                  index_bounds=lambda avals: (INDEX_LIMIT,),  # the count of real items
+                  stacked=_logsumexp_stacked)
 
 
 @_list_op

@@ -41,17 +41,21 @@ class OpDef:
     model, a closure) goes with them; signatures with parameters are kept by their first
     parameter instead (``signature_table``), so a dropped model goes with its own."""
 
-    __slots__ = ("name", "fn", "cost", "check", "index_bounds", "row_gather", "neg_inf_ok",
-                 "stops_gradient", "sequence_step", "user_function", "signatures",
-                 "kernel_families", "appenders", "__weakref__")
+    __slots__ = ("name", "fn", "stacked", "cost", "check", "index_bounds", "row_gather",
+                 "neg_inf_ok", "stops_gradient", "sequence_step", "user_function",
+                 "signatures", "kernel_families", "appenders", "__weakref__")
 
     def __init__(self, name: str, fn: Callable, cost: int = CHEAP,
                  check: Callable | None = None, index_bounds: Callable | None = None,
                  row_gather: bool = False, neg_inf_ok: bool = False,
-                 stops_gradient: bool = False):
+                 stops_gradient: bool = False, stacked: Callable | None = None):
         self.name = name
         # single-instance JAX function: positional args in node order -> array or tuple
         self.fn = fn
+        # A list op's ``fn`` over its items stacked, ``stacked(X, *rest)`` (``X``: the value
+        # arguments, all of one shape, stacked on a new axis 0; ``rest``: the arguments after
+        # them): kernels read such a list as one block of rows (``kernels._stacked_list``)
+        self.stacked = stacked
         self.cost = cost  # agenda tie-break: cheap ops run before heavy ones
         # (avals by position, statics) -> None; raises ShapeError
         self.check = check

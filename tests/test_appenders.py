@@ -198,3 +198,26 @@ def test_a_function_with_numpy_integers_takes_its_typed_appender(monkeypatch):
     static = _scaled_row(x, W, 2)  # a Python int: a static, another signature
     assert cg.node_sig[cg.val_node[static.v]].kinds == "vps"
     np.testing.assert_allclose(static.value(), want[2], rtol=1e-5)
+
+
+def test_long_argument_lists_take_the_general_path_and_keep_no_appender(monkeypatch):
+    """Past GENERATE_MAX_ARGS arguments no appender is generated (~0.5 ms an argument,
+    kept for good, for every list length met): the nodes take the general path, and
+    record what a generated appender records for a short list."""
+    from dynax.graph import appenders
+    from dynax.ops.core import CONCAT
+    long = appenders.GENERATE_MAX_ARGS + 1
+    dx.renew_cg()
+    xs = [E[i % 10] for i in range(long)]
+    calls, add_node = [], ComputationGraph.add_node
+    monkeypatch.setattr(ComputationGraph, "add_node",
+                        lambda g, *a: calls.append(a[0]) or add_node(g, *a))
+    for _ in range(2):
+        y = dx.concatenate(xs)
+    assert len(calls) == 2 and "v" * long + "s" not in CONCAT.appenders
+    np.testing.assert_allclose(y.npvalue(), np.concatenate(
+        [np.asarray(E.value)[i % 10] for i in range(long)]), rtol=1e-6)
+    short = xs[:appenders.GENERATE_MAX_ARGS - 1]
+    dx.concatenate(short)
+    dx.concatenate(short)
+    assert "v" * len(short) + "s" in CONCAT.appenders and len(calls) <= 3

@@ -225,6 +225,31 @@ def test_a_large_arena_grows_in_smaller_steps(monkeypatch):
     assert eng.arenas[akey].shape[0] == 8192  # small arenas: 4x steps, fewer recompiles
 
 
+def test_an_arena_of_large_values_starts_at_the_rows_asked_for(monkeypatch):
+    """Values of which MIN_ROWS rows pass GROW_FAST_BYTES get an arena of the rows a graph
+    asks for (with headroom), not MIN_ROWS: 16 rows of a 160 MB value took 2.5 GB, and
+    a gradient arena as large, for 4 values (session 79's audit). Here at a 1 MiB
+    threshold, with 256 KiB rows; values and gradients as jax.grad's."""
+    monkeypatch.setattr(engine_module, "GROW_FAST_BYTES", 1 << 20)
+    n = 1 << 16
+    pc = dx.ParameterCollection(seed=0)
+    P = pc.add_parameters((n,), name="P")
+    x0 = np.linspace(-2, 2, n, dtype=np.float32)
+    dx.release_memory()
+    dx.renew_cg()
+    y = dx.tanh(dx.input(x0) + P)
+    loss = dx.sum_elems(dx.cmult(y, y))
+    value = loss.value()
+    loss.backward()
+    f = jax.value_and_grad(lambda p: jax.numpy.sum(jax.numpy.tanh(x0 + p) ** 2))
+    want, grad = f(jax.numpy.asarray(P.value))
+    np.testing.assert_allclose(value, want, rtol=1e-5)
+    np.testing.assert_allclose(P.grad, grad, rtol=1e-5, atol=1e-7)
+    rows = [a.shape[0] for a in _engine().arenas.values() if a.shape[1:] == (n,)]
+    assert rows and max(rows) < engine_module.MIN_ROWS, rows  # 4 values: 5 rows
+    dx.release_memory()
+
+
 def test_a_replaced_graph_lets_go_of_its_residuals_and_values():
     """Losses kept in a list (instead of their values) kept their graphs' saved residuals
     alive (~0.3 MB per update in an LSTM loop); a replaced graph drops them, and still

@@ -9,6 +9,7 @@ slice fast path).
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -232,8 +233,13 @@ class Engine:
         def grown(rows):
             return rows * (4 if rows * row_bytes < GROW_FAST_BYTES else 2)
 
-        cap = grown(old.shape[0]) if old is not None else max(
-            MIN_ROWS, _pow2(ARENA_START_BYTES // row_bytes))
+        if old is not None:
+            cap = grown(old.shape[0])
+        elif MIN_ROWS * row_bytes > GROW_FAST_BYTES:  # values of over 4 MiB: the rows asked
+            cap = math.ceil(need * GROW_HEADROOM)  # for (16 rows of a 160 MB value: 2.5 GB,
+            # and a gradient arena as large; session 79's audit)
+        else:
+            cap = max(MIN_ROWS, _pow2(ARENA_START_BYTES // row_bytes))
         while cap < need * GROW_HEADROOM:
             cap = grown(cap)
         aval = AKEY_AVAL[akey]

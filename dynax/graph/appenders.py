@@ -17,12 +17,22 @@ from ..ops.registry import static_type
 from .expression import Expression
 
 
+GENERATE_MAX_ARGS = 64  # longer argument lists (a list op's items) take the general path
+
+
 def append_node(g, op, kinds: str, args):
-    """Append one node of ``op`` over ``args`` to graph ``g``; its Expression(s)."""
+    """Append one node of ``op`` over ``args`` to graph ``g``; its Expression(s).
+
+    No appender is generated for more than ``GENERATE_MAX_ARGS`` arguments: generating one
+    costs ~0.5 ms an argument and is kept for good (a 1,000-item concatenate: 0.46 s and
+    1 MB, and a model concatenating every sentence's scores meets every length), while
+    the general path costs about what the generated one does at that length (100 items:
+    0.08 against 0.07 ms a node)."""
     fn = op.appenders.get(kinds)
     if fn is None:  # the first call: checked, and it tells how many outputs the op returns
         v, sig = g.add_node(op, kinds, args)
-        op.appenders[kinds] = _generate(op, kinds, len(sig.out_akeys), sig.multi)
+        if len(kinds) <= GENERATE_MAX_ARGS:
+            op.appenders[kinds] = _generate(op, kinds, len(sig.out_akeys), sig.multi)
         return _computed_if_immediate(g, wrap(g, v, sig))
     return fn(g, args)
 

@@ -168,6 +168,9 @@ def _expansion(packet, end: int, B: int):
     return packet[end + 1:end + 1 + B]
 
 
+STACK_LISTS = True  # list ops read their items as one block (see _stacked_list)
+
+
 def _stacked_list(sig, modes) -> bool:
     """Whether a kernel reads its op's list items (all its value arguments, of one arena,
     each gathered per lane) as ONE block of rows, for the op's ``stacked`` form. Read one
@@ -175,7 +178,7 @@ def _stacked_list(sig, modes) -> bool:
     compilation and ~3 memory maps an item, in the forward kernel and again in the
     backward (a 500-item concatenate: 2.7 + 2.4 s, 3,100 maps; 10,000 items did not
     compile in 3 minutes); a block costs the same whatever the count (session 79)."""
-    return (sig.op.stacked is not None and len(modes) > 1
+    return (STACK_LISTS and sig.op.stacked is not None and len(modes) > 1
             and sig.kinds.startswith("v" * len(modes)) and "p" not in sig.kinds
             and all(m == GATHER for m in modes) and len(set(sig.in_akeys)) == 1)
 

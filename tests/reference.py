@@ -165,3 +165,35 @@ def ref_child_sum_tree(vals, t, xs):
     parameters in order: W, U, b, W_f, U_f, b_f."""
     kids = [ref_child_sum_tree(vals, c, xs) for c in t[1]]
     return ref_child_sum_node(xs[t[0]], kids, *vals)
+
+
+def record_kernel_texts(monkeypatch):
+    """From here on (kernels made before are forgotten), note each kernel's first call;
+    returns ``texts()``: ({name: compiled HLO text on that call's argument shapes},
+    {name: (jitted, args)})."""
+    from dynax.executor import kernels
+    clear_kernels()  # kernels made by earlier tests would not be recorded
+    first_calls = {}
+    real = kernels._jit
+
+    def recording(fn, name, donate, work, accumulates=False, one_thread=False):
+        jitted = real(fn, name, donate, work, accumulates, one_thread)
+
+        class Recorded:  # the jitted function, its first call's arguments noted
+            def __call__(self, *args):
+                first_calls.setdefault(name, (jitted, args))
+                return jitted(*args)
+
+            def __getattr__(self, attr):
+                return getattr(jitted, attr)
+        return Recorded()
+
+    monkeypatch.setattr(kernels, "_jit", recording)
+
+    def texts():
+        # lowered before the call's donated arenas are reused: their shapes only
+        return {name: jitted.lower(*jax.tree.map(
+                    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape")
+                    else a, args)).compile().as_text()
+                for name, (jitted, args) in first_calls.items()}, first_calls
+    return texts

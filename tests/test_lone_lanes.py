@@ -9,13 +9,12 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-import jax
 import numpy as np
 import pytest
 
 import dynax as dx
-from dynax.executor import engine, kernels
-from reference import clear_kernels
+from dynax.executor import engine
+from reference import record_kernel_texts
 
 IN, HID = 3, 4  # x and the state (c, h) in different arenas; c and h in the one written
 
@@ -24,31 +23,7 @@ IN, HID = 3, 4  # x and the state (c, h) in different arenas; c and h in the one
 def compiled_texts(monkeypatch):
     """Kernels made from here on, by name: their compiled HLO text on the first call's
     arguments."""
-    clear_kernels()  # kernels made by earlier tests would not be recorded
-    first_calls = {}
-    real = kernels._jit
-
-    def recording(fn, name, donate, work, accumulates=False, one_thread=False):
-        jitted = real(fn, name, donate, work, accumulates, one_thread)
-
-        class Recorded:  # the jitted function, its first call's arguments noted
-            def __call__(self, *args):
-                first_calls.setdefault(name, (jitted, args))
-                return jitted(*args)
-
-            def __getattr__(self, attr):
-                return getattr(jitted, attr)
-        return Recorded()
-
-    monkeypatch.setattr(kernels, "_jit", recording)
-
-    def texts():
-        # lowered before the call's donated arenas are reused: their shapes only
-        return {name: jitted.lower(*jax.tree.map(
-                    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape")
-                    else a, args)).compile().as_text()
-                for name, (jitted, args) in first_calls.items()}, first_calls
-    return texts
+    return record_kernel_texts(monkeypatch)
 
 
 def _arena_copies(text: str, shapes: set) -> list:

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import dynax as dx
-from dynax.executor import engine, kernels
+from dynax.executor import engine
 from dynax.ops.registry import live_signatures
-from reference import STRATEGIES, clear_kernels
+from reference import STRATEGIES, record_kernel_texts
 
 D = 4
 LENGTHS = (2, 3, 5, 5, 7, 16, 17, 40)  # equal lengths batch; esum & co. pad to a width
@@ -125,32 +125,9 @@ def test_repeated_lists_run_once_and_match_jax_grad(op, monkeypatch):
 
 @pytest.fixture
 def compiled_texts(monkeypatch):
-    """The kernels made from here on: name -> compiled HLO text (on their first call's
-    argument shapes)."""
-    clear_kernels()
-    first_calls = {}
-    real = kernels._jit
-
-    def recording(fn, name, donate, work, accumulates=False, one_thread=False):
-        jitted = real(fn, name, donate, work, accumulates, one_thread)
-
-        class Recorded:
-            def __call__(self, *args):
-                first_calls.setdefault(name, (jitted, args))
-                return jitted(*args)
-
-            def __getattr__(self, attr):
-                return getattr(jitted, attr)
-        return Recorded()
-
-    monkeypatch.setattr(kernels, "_jit", recording)
-
-    def texts():
-        return {name: jitted.lower(*jax.tree.map(
-                    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape")
-                    else a, args)).compile().as_text()
-                for name, (jitted, args) in first_calls.items()}
-    return texts
+    """The kernels made from here on: name -> compiled HLO text."""
+    texts = record_kernel_texts(monkeypatch)
+    return lambda: texts()[0]
 
 
 @pytest.mark.parametrize("strategy", ["none", "agenda"])

@@ -555,12 +555,14 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
         updates: dict = {}
         count = packet[end] if distinct else packet[0]  # real lanes
         if stacked and diff:  # the block's cotangent, as it was read (item-major)
-            n = len(modes) * L
-            keep = np.repeat(np.asarray(gflags), L)  # items that take no gradient add 0
-            keep = jnp.logical_and(keep, lax.iota(jnp.int32, n) % L < count) if L > 1 else \
-                jnp.asarray(keep)  # and padded lanes (see below) add nothing
-            d = jnp.where(keep.reshape((n,) + (1,) * (dxs[0].ndim - 1)), dxs[0], 0)
-            updates[g_akeys.index(sig.in_akeys[0])] = [(packet[val_off[0]:val_off[0] + n], d)]
+            k = len(modes)
+            d = dxs[0].reshape((k, L) + dxs[0].shape[1:])
+            if L > 1:  # padded lanes add nothing (see below)
+                d = jnp.where(_lane_mask(count, L, d.ndim - 1), d, 0)
+            if not all(gflags):  # nor items that take no gradient
+                d = jnp.where(np.asarray(gflags).reshape((k,) + (1,) * (d.ndim - 1)), d, 0)
+            updates[g_akeys.index(sig.in_akeys[0])] = [
+                (packet[val_off[0]:val_off[0] + k * L], d.reshape(dxs[0].shape))]
         for i, d in zip(() if stacked else diff, dxs):
             off = val_off[i]
             if modes[i] == GATHER:

@@ -183,6 +183,18 @@ def _stacked_list(sig, modes) -> bool:
             and all(m == GATHER for m in modes) and len(set(sig.in_akeys)) == 1)
 
 
+PICK_ROWS = True  # picks read their rows straight from the arena (see _picks)
+
+
+def _picks(sig) -> bool:
+    """Whether a kernel reads its op's picked rows, ``x[i]`` (``OpDef.picks``), straight
+    out of ``x``'s arena, ``arena[row, i]``, and scatter-adds their cotangents back to those
+    rows alone. Read as a whole for each lane, ``x`` was gathered into a block of B copies
+    (materialised: the forward's reads pass an optimization barrier) and its cotangent was
+    as large: 1,000 picks from two 1 MB vectors peaked at 2.27 GB (session 79's audit)."""
+    return PICK_ROWS and sig.op.picks and sig.kinds == "vi"
+
+
 def _differentiated(sig, modes, gflags) -> list:
     """The value arguments a vjp is taken w.r.t. (those of ``gflags``); for a stacked list
     (``_stacked_list``), its one block if any item needs a gradient."""
@@ -194,7 +206,10 @@ def _differentiated(sig, modes, gflags) -> list:
 
 def _batched(sig, modes, B):
     """The op's single-instance function, vmapped over lanes; always returns a tuple. A
-    stacked list's (``_stacked_list``) takes one value: its block of k x B rows."""
+    stacked list's (``_stacked_list``) takes one value: its block of k x B rows; a pick's
+    (``_picks``), its picked rows, which it returns as they are."""
+    if _picks(sig):
+        return lambda vals, params, ints: (vals[0],)
     if _stacked_list(sig, modes):
         k = len(modes)
 
@@ -242,14 +257,23 @@ def _read_cotangents(arenas_of, sig, out_off, packet, B, gathered: bool = False)
     return cts
 
 
-def _read_inputs(arenas_of, sig, modes, val_off, packet, B, doubled: bool = False):
+def _read_inputs(arenas_of, sig, modes, val_off, packet, B, ints, doubled: bool = False):
     """A batch's value arguments: B gathered rows each (padded lanes repeat lane 0's), or
     the one row every lane reads (UNIFORM). With ``doubled`` a 1-lane gather reads its row
     twice, for ``_first_lane`` to drop past an optimization barrier: XLA turns a 1-row
     gather into a slice of the arena, which aliases it, and then copies the whole arena
-    (twice per call, seen in the compiled HLO) before the kernel writes it in place."""
+    (twice per call, seen in the compiled HLO) before the kernel writes it in place.
+    A pick's (``_picks``) is its B picked rows: row ``ints[0]`` of each lane's value."""
     if _stacked_list(sig, modes):  # one block of at least 2 rows: no 1-row gather
         return [arenas_of(sig.in_akeys[0])[packet[val_off[0]:val_off[0] + len(modes) * B]]]
+    if _picks(sig):
+        arena, (i,) = arenas_of(sig.in_akeys[0]), ints
+        if modes[0] == UNIFORM:
+            return [arena[packet[val_off[0]], i]]
+        rows = packet[val_off[0]:val_off[0] + B]
+        if doubled and B == 1:
+            rows, i = jnp.concatenate([rows, rows]), jnp.concatenate([i, i])
+        return [arena[rows, i]]
     xs = []
     for k, (m, off) in enumerate(zip(modes, val_off)):
         arena = arenas_of(sig.in_akeys[k])
@@ -407,10 +431,10 @@ def forward_kernel(sig, modes: tuple, B: int, gflags: tuple | None = None,
         # The barrier materialises the inputs before the arena is updated in place: otherwise
         # XLA fuses the reads into the writes' fusions, reads the buffer after it changed,
         # and must copy the whole arena (measured: 2 copies per call of an 8192x150 arena).
-        xs = lax.optimization_barrier(_read_inputs(arena_of, sig, modes, val_off, packet, L,
-                                                   doubled=True))
-        xs = _first_lane(xs, sig, modes, L)
         ints = tuple(packet[o:o + L] for o in int_off)
+        xs = lax.optimization_barrier(_read_inputs(arena_of, sig, modes, val_off, packet, L,
+                                                   ints, doubled=True))
+        xs = _first_lane(xs, sig, modes, L)
         saved = ()
         if gflags is None:
             outs = batched(tuple(xs), params, ints)
@@ -523,6 +547,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     v_akeys = _unique(sig.in_akeys) if forward is None else ()
     batched = _batched(sig, modes, L)
     stacked = _stacked_list(sig, modes)
+    picks = _picks(sig)
 
     def kernel(garenas, pgrads, varenas, params, saved, packet, packed=True):
         ints = tuple(packet[o:o + L] for o in int_off)
@@ -539,7 +564,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
 
         if forward is None:
             xs = _read_inputs(lambda a: varenas[v_akeys.index(a)], sig, modes, val_off,
-                              packet, L)
+                              packet, L, ints)
             _, vjp = _vjp(batched, xs, _differentiated(sig, modes, gflags), params, ints)
         else:
             meta = forward.meta
@@ -565,6 +590,10 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
                 (packet[val_off[0]:val_off[0] + k * L], d.reshape(dxs[0].shape))]
         for i, d in zip(() if stacked else diff, dxs):
             off = val_off[i]
+            if picks:  # the picked rows only; padded lanes' cotangents are zero already
+                rows = packet[off:off + L] if modes[i] == GATHER else packet[off]
+                updates[g_akeys.index(sig.in_akeys[i])] = [((rows, ints[0]), d)]
+                continue
             if modes[i] == GATHER:
                 idx = packet[off:off + L]
                 if L > 1:  # a padded lane (lane 0's inputs, a zero cotangent) adds 0 * J,
@@ -736,9 +765,9 @@ def _run_param_grads(sig, modes: tuple, B: int, T: int):
 
     def grads(garenas, varenas, params, packets):
         def step_lanes(packet):  # what one step's kernel reads: inputs, ints, cotangents
-            return (tuple(_read_inputs(varenas.get, sig, modes, val_off, packet, B)),
-                    tuple(packet[o:o + B] for o in int_off),
-                    tuple(_read_cotangents(garenas.get, sig, out_off, packet, B)))
+            ints = tuple(packet[o:o + B] for o in int_off)
+            return (tuple(_read_inputs(varenas.get, sig, modes, val_off, packet, B, ints)),
+                    ints, tuple(_read_cotangents(garenas.get, sig, out_off, packet, B)))
 
         stacked = jax.vmap(step_lanes)(packets)  # (T, B, ...) -> (T x B, ...)
         xs, ints, cts = jax.tree_util.tree_map(lambda x: x.reshape((N,) + x.shape[2:]),

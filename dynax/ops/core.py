@@ -834,7 +834,7 @@ def concatenate_cols(xs):
 
 
 PICK = OpDef("pick", lambda x, i: x[i], CHEAP, index_bounds=_first_dim_bound,
-             check=_ndim("pick", (1, 2)))
+             check=_ndim("pick", (1, 2)), picks=True)
 
 
 def _pick_dim_bound(avals):

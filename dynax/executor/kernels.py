@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 from ..device import get_device
+from ..ops.registry import reads_part
 from . import eviction
 from .ahead import is_new
 from .dots import materialised_transposes
@@ -183,16 +184,23 @@ def _stacked_list(sig, modes) -> bool:
             and all(m == GATHER for m in modes) and len(set(sig.in_akeys)) == 1)
 
 
-PICK_ROWS = True  # picks read their rows straight from the arena (see _picks)
+READ_PARTS = True  # picks and ranges read only their part of a row (see _reads_part)
 
 
-def _picks(sig) -> bool:
-    """Whether a kernel reads its op's picked rows, ``x[i]`` (``OpDef.picks``), straight
-    out of ``x``'s arena, ``arena[row, i]``, and scatter-adds their cotangents back to those
-    rows alone. Read as a whole for each lane, ``x`` was gathered into a block of B copies
-    (materialised: the forward's reads pass an optimization barrier) and its cotangent was
-    as large: 1,000 picks from two 1 MB vectors peaked at 2.27 GB (session 79's audit)."""
-    return PICK_ROWS and sig.op.picks and sig.kinds == "vi"
+def _reads_part(sig) -> bool:
+    """Whether a kernel reads just its op's part of each lane's value, ``x[part]``
+    (``OpDef.part``: ``pick``, ``pick_range``), straight out of ``x``'s arena,
+    ``arena[rows, part]``, and scatter-adds the cotangents back to that part alone. Read
+    whole, ``x`` was gathered into a block of B copies (materialised: the forward's reads
+    pass an optimization barrier) and its cotangent was as large: 1,000 picks from two
+    1 MB vectors peaked at 2.27 GB (session 79's audit), 0.31 GB so."""
+    return READ_PARTS and reads_part(sig.op, sig.kinds)
+
+
+def _part_index(sig, rows, ints):
+    """The index of the lanes' parts in the arena: ``rows`` (B) then the op's part (a
+    lane's ints, arrays over lanes); numpy's rules put the lane axis first."""
+    return (rows,) + tuple(sig.op.part(ints, sig.statics))
 
 
 def _differentiated(sig, modes, gflags) -> list:
@@ -206,9 +214,9 @@ def _differentiated(sig, modes, gflags) -> list:
 
 def _batched(sig, modes, B):
     """The op's single-instance function, vmapped over lanes; always returns a tuple. A
-    stacked list's (``_stacked_list``) takes one value: its block of k x B rows; a pick's
-    (``_picks``), its picked rows, which it returns as they are."""
-    if _picks(sig):
+    stacked list's (``_stacked_list``) takes one value: its block of k x B rows; a part's
+    (``_reads_part``), the lanes' parts, which it returns as they are."""
+    if _reads_part(sig):
         return lambda vals, params, ints: (vals[0],)
     if _stacked_list(sig, modes):
         k = len(modes)
@@ -263,27 +271,31 @@ def _read_inputs(arenas_of, sig, modes, val_off, packet, B, ints, doubled: bool 
     twice, for ``_first_lane`` to drop past an optimization barrier: XLA turns a 1-row
     gather into a slice of the arena, which aliases it, and then copies the whole arena
     (twice per call, seen in the compiled HLO) before the kernel writes it in place.
-    A pick's (``_picks``) is its B picked rows: row ``ints[0]`` of each lane's value."""
+    A part's (``_reads_part``) is the B lanes' parts of their rows."""
     if _stacked_list(sig, modes):  # one block of at least 2 rows: no 1-row gather
         return [arenas_of(sig.in_akeys[0])[packet[val_off[0]:val_off[0] + len(modes) * B]]]
-    if _picks(sig):
-        arena, (i,) = arenas_of(sig.in_akeys[0]), ints
-        if modes[0] == UNIFORM:
-            return [arena[packet[val_off[0]], i]]
-        rows = packet[val_off[0]:val_off[0] + B]
-        if doubled and B == 1:
-            rows, i = jnp.concatenate([rows, rows]), jnp.concatenate([i, i])
-        return [arena[rows, i]]
+    if _reads_part(sig):
+        if modes[0] == UNIFORM:  # one row for all: the parts of B copies of it
+            rows = jnp.broadcast_to(packet[val_off[0]], (B,))
+        else:
+            rows = packet[val_off[0]:val_off[0] + B]
+            if doubled and B == 1:
+                rows, ints = _twice(rows), tuple(map(_twice, ints))
+        return [arenas_of(sig.in_akeys[0])[_part_index(sig, rows, ints)]]
     xs = []
     for k, (m, off) in enumerate(zip(modes, val_off)):
         arena = arenas_of(sig.in_akeys[k])
         if m == GATHER:
             rows = packet[off:off + B]
-            x = arena[jnp.concatenate([rows, rows]) if doubled and B == 1 else rows]
+            x = arena[_twice(rows) if doubled and B == 1 else rows]
         else:
             x = arena[packet[off]]
         xs.append(x)
     return xs
+
+
+def _twice(a):
+    return jnp.concatenate([a, a])
 
 
 def _first_lane(xs, sig, modes, B):
@@ -547,7 +559,7 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
     v_akeys = _unique(sig.in_akeys) if forward is None else ()
     batched = _batched(sig, modes, L)
     stacked = _stacked_list(sig, modes)
-    picks = _picks(sig)
+    part = _reads_part(sig)
 
     def kernel(garenas, pgrads, varenas, params, saved, packet, packed=True):
         ints = tuple(packet[o:o + L] for o in int_off)
@@ -590,9 +602,10 @@ def backward_kernel(sig, modes: tuple, gflags: tuple, B: int,
                 (packet[val_off[0]:val_off[0] + k * L], d.reshape(dxs[0].shape))]
         for i, d in zip(() if stacked else diff, dxs):
             off = val_off[i]
-            if picks:  # the picked rows only; padded lanes' cotangents are zero already
-                rows = packet[off:off + L] if modes[i] == GATHER else packet[off]
-                updates[g_akeys.index(sig.in_akeys[i])] = [((rows, ints[0]), d)]
+            if part:  # to the parts only; padded lanes' cotangents are zero already
+                rows = packet[off:off + L] if modes[i] == GATHER else \
+                    jnp.broadcast_to(packet[off], (L,))
+                updates[g_akeys.index(sig.in_akeys[i])] = [(_part_index(sig, rows, ints), d)]
                 continue
             if modes[i] == GATHER:
                 idx = packet[off:off + L]

@@ -834,7 +834,7 @@ def concatenate_cols(xs):
 
 
 PICK = OpDef("pick", lambda x, i: x[i], CHEAP, index_bounds=_first_dim_bound,
-             check=_ndim("pick", (1, 2)), picks=True)
+             check=_ndim("pick", (1, 2)), part=lambda ints, statics: ints)
 
 
 def _pick_dim_bound(avals):
@@ -848,7 +848,8 @@ def _check_pick_dim(avals, statics):
 
 
 PICK_DIM = OpDef("pick", lambda x, i, d: jax.lax.dynamic_index_in_dim(x, i, d, keepdims=False),
-                 CHEAP, index_bounds=_pick_dim_bound, check=_check_pick_dim)
+                 CHEAP, index_bounds=_pick_dim_bound, check=_check_pick_dim,
+                 part=lambda ints, statics: (slice(None),) * statics[0] + ints)
 
 
 def pick(x, i, dim: int = 0):

@@ -42,14 +42,14 @@ class OpDef:
     parameter instead (``signature_table``), so a dropped model goes with its own."""
 
     __slots__ = ("name", "fn", "stacked", "cost", "check", "index_bounds", "row_gather",
-                 "picks", "neg_inf_ok", "stops_gradient", "sequence_step", "user_function",
+                 "part", "neg_inf_ok", "stops_gradient", "sequence_step", "user_function",
                  "signatures", "kernel_families", "appenders", "__weakref__")
 
     def __init__(self, name: str, fn: Callable, cost: int = CHEAP,
                  check: Callable | None = None, index_bounds: Callable | None = None,
                  row_gather: bool = False, neg_inf_ok: bool = False,
                  stops_gradient: bool = False, stacked: Callable | None = None,
-                 picks: bool = False):
+                 part: Callable | None = None):
         self.name = name
         # single-instance JAX function: positional args in node order -> array or tuple
         self.fn = fn
@@ -67,11 +67,13 @@ class OpDef:
         # cotangents into the table's gradient in place instead of materialising a dense
         # table cotangent (measured: 20000x300 embedding, ~2 dense passes per lookup batch).
         self.row_gather = row_gather
-        # The op is ``x[i]`` on a per-instance value (kinds ``'vi'``): kernels read just the
-        # picked rows out of the arena and scatter-add their cotangents back to them
-        # (``kernels._picks``), where the general path gathers ``x`` whole for each lane
-        # (1,000 picks from two 1 MB vectors: a 1 GB gather and a 1 GB cotangent)
-        self.picks = picks
+        # The op is a part of its value argument, ``x[part(ints, statics)]`` (``part``: a
+        # lane's index into ``x`` from its 'i' arguments, arrays over lanes, and its statics;
+        # no other argument): kernels read just that part of each lane's row of the arena
+        # and scatter-add its cotangent back there (``kernels._reads_part``), where the
+        # general path gathers ``x`` whole for each lane (1,000 picks from two 1 MB
+        # vectors: a 1 GB gather and a 1 GB cotangent)
+        self.part = part
         # -inf is a legitimate value of this op (a masked log-probability): the validity
         # mode (``renew_cg(check_validity=True)``) lets it pass, and still stops at NaN, +inf
         self.neg_inf_ok = neg_inf_ok
@@ -94,6 +96,13 @@ class OpDef:
 
     def __repr__(self):
         return f"OpDef({self.name!r})"
+
+
+def reads_part(op: OpDef, kinds: str) -> bool:
+    """Whether ``op``'s nodes of ``kinds`` are a part of their one value argument, and
+    kernels read just that part (``OpDef.part``)."""
+    return op.part is not None and kinds[0] == "v" and "v" not in kinds[1:] \
+        and "p" not in kinds
 
 
 # ---- abstract values: interned (shape, dtype) keys, one arena per key -------------------
@@ -393,8 +402,8 @@ def _new_signature(op: OpDef, kinds: str, key_items: tuple) -> Signature:
                            sig.in_akeys, out_akeys, multi, bounds)
         family.has_params = bool(params)
         family.param_elements = sum(int(np.prod(p.shape)) for p in params)
-        # a lane's values read and written; a pick reads only what it writes (see OpDef)
-        read = out_akeys if op.picks and kinds == "vi" else sig.in_akeys
+        # a lane's values read and written; a part reads only what it writes (see OpDef)
+        read = out_akeys if reads_part(op, kinds) else sig.in_akeys
         family.value_elements = max(1, sum(AKEY_SIZE[a] for a in read + out_akeys))
         family.lane_work = max(family.param_elements, family.value_elements)
         op.kernel_families[kernel_key] = family

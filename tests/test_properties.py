@@ -5,9 +5,9 @@ A random *program* is a list of instructions over a growing pool of vector and s
 it runs once per instance (with different constant inputs) so that the autobatcher has work.
 Programs mix primitive ops, ``@dx.function`` calls (single and tuple outputs), Python scalars
 of different values, parameters used directly and through a batched expression
-(``dx.parameter(W) @ x``), fan-out (any earlier value may be reused), list ops, and
-incremental forwards in the middle of construction. The loss sums every value, so every node
-gets a gradient.
+(``dx.parameter(W) @ x``), fan-out (any earlier value may be reused), list ops, parts of
+values (``pick``, ``pick_range``, a column of a matrix), and incremental forwards in the
+middle of construction. The loss sums every value, so every node gets a gradient.
 
 CI runs a bounded number of examples; ``DYNAX_HYPOTHESIS=long`` runs many more by hand.
 """
@@ -51,7 +51,7 @@ pair = dx.function(_pair)
 UNARY = ("tanh", "logistic", "rectify", "negate", "square")
 VEC_OPS = UNARY + ("add", "sub", "cmult", "scal_mul", "scal_radd", "scal_rsub", "matW",
                    "matW_expr", "affine", "cell", "pair", "esum", "emax", "average",
-                   "scale_by", "div_pos", "softmax")
+                   "scale_by", "div_pos", "softmax", "splice", "column")
 SCALAR_OPS = ("dot", "pick", "sum_elems", "pnls", "sqdist")
 
 
@@ -67,6 +67,8 @@ def _backend_dx():
         div_pos=lambda a, b: a / (dx.square(b) + 1.0), softmax=dx.softmax,
         dot=dx.dot_product, pick=dx.pick, sum_elems=dx.sum_elems,
         pnls=dx.pickneglogsoftmax, sqdist=dx.squared_distance,
+        splice=lambda a, b, k: dx.concatenate([a[:k], dx.pick_range(b, k, D)]),
+        column=lambda a, b, j: dx.pick(dx.concatenate_cols([a, b]), j, 1) + a,
         const=dx.input, total=lambda xs: dx.esum(xs))
 
 
@@ -82,6 +84,8 @@ def _backend_jax():
         div_pos=lambda a, b: a / (jnp.square(b) + 1.0), softmax=jax.nn.softmax,
         dot=jnp.dot, pick=lambda a, i: a[i], sum_elems=jnp.sum,
         pnls=lambda a, i: -jax.nn.log_softmax(a)[i], sqdist=lambda a, b: jnp.sum((a - b) ** 2),
+        splice=lambda a, b, k: jnp.concatenate([a[:k], b[k:]]),
+        column=lambda a, b, j: jnp.stack([a, b], axis=1)[:, j] + a,
         const=jnp.asarray, total=lambda xs: sum(xs[1:], xs[0]))
 
 
@@ -97,6 +101,10 @@ def run_program(program, consts, P, be, forward_at=()):
                 vecs.append(be[op](x))
             elif op in ("add", "sub", "cmult", "div_pos"):
                 vecs.append(be[op](x, y))
+            elif op == "splice":  # parts of two values (pick_range), joined
+                vecs.append(be[op](x, y, 1 + extra % (D - 1)))
+            elif op == "column":  # a column of a matrix (pick along dimension 1)
+                vecs.append(be[op](x, y, extra % 2))
             elif op.startswith("scal_"):
                 vecs.append(be[op](x, SCALARS[extra % len(SCALARS)]))
             elif op in ("matW", "matW_expr", "affine"):

@@ -1,8 +1,8 @@
-"""Parts of a value, ``pick`` (``x[i]``, along a dimension) and ``pick_range``, read just
-their part of the value's arena rows (``kernels._reads_part``): values and gradients against
-``jax.value_and_grad`` in every batching path (gathered and shared arguments, lone lanes,
-repeated lanes, vectors and matrices), and their kernels never hold a whole copy of ``x``
-per lane."""
+"""Parts of a value, ``pick`` (``x[i]``, along a dimension), ``pick_range`` and
+``select_rows``, read just their part of the value's arena rows (``kernels._reads_part``):
+values and gradients against ``jax.value_and_grad`` in every batching path (gathered and
+shared arguments, lone lanes, repeated lanes, vectors and matrices), and their kernels
+never hold a whole copy of ``x`` per lane."""
 import re
 
 import jax
@@ -30,6 +30,7 @@ PARTS = {
     "row_range": (True, lambda x, i: dx.pick_range(x, i % 3, i % 3 + 3),
                   lambda x, i: x[i % 3:i % 3 + 3]),
     "column_range": (True, lambda x, i: dx.pick_range(x, 1, 2, 1), lambda x, i: x[:, 1:2]),
+    "rows": (True, lambda x, i: dx.select_rows(x, [i, 0, i]), lambda x, i: x[jnp.array([i, 0, i])]),
 }
 
 
@@ -106,6 +107,8 @@ SHARED_PARTS = {
     "column": ((64, 64), lambda x, i: dx.pick(x, i % 64, 1), lambda x, i: x[:, i % 64]),
     "row_range": ((64, 64), lambda x, i: x[i % 60:i % 60 + 3],
                   lambda x, i: x[i % 60:i % 60 + 3]),
+    "rows": ((64, 64), lambda x, i: dx.select_rows(x, [i % 64, 5]),
+             lambda x, i: x[jnp.array([i % 64, 5])]),
 }
 
 

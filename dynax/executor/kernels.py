@@ -184,13 +184,13 @@ def _stacked_list(sig, modes) -> bool:
             and all(m == GATHER for m in modes) and len(set(sig.in_akeys)) == 1)
 
 
-READ_PARTS = True  # picks and ranges read only their part of a row (see _reads_part)
+READ_PARTS = True  # picks, ranges, row selections read only their part (see _reads_part)
 
 
 def _reads_part(sig) -> bool:
     """Whether a kernel reads just its op's part of each lane's value, ``x[part]``
-    (``OpDef.part``: ``pick``, ``pick_range``), straight out of ``x``'s arena,
-    ``arena[rows, part]``, and scatter-adds the cotangents back to that part alone. Read
+    (``OpDef.part``: ``pick``, ``pick_range``, ``select_rows``), straight out of ``x``'s
+    arena, ``arena[rows, part]``, and scatter-adds the cotangents back to that part. Read
     whole, ``x`` was gathered into a block of B copies (materialised: the forward's reads
     pass an optimization barrier) and its cotangent was as large: 1,000 picks from two
     1 MB vectors peaked at 2.27 GB (session 79's audit), 0.31 GB so."""
@@ -198,9 +198,8 @@ def _reads_part(sig) -> bool:
 
 
 def _part_index(sig, rows, ints):
-    """The index of the lanes' parts in the arena: ``rows`` (B) then the op's part (a
-    lane's ints, arrays over lanes); numpy's rules put the lane axis first."""
-    return (rows,) + tuple(sig.op.part(ints, sig.statics))
+    """The index of the B lanes' parts in the arena, from their ``rows`` and ints."""
+    return tuple(sig.op.part(rows, ints, sig.statics))
 
 
 def _differentiated(sig, modes, gflags) -> list:

@@ -834,7 +834,7 @@ def concatenate_cols(xs):
 
 
 PICK = OpDef("pick", lambda x, i: x[i], CHEAP, index_bounds=_first_dim_bound,
-             check=_ndim("pick", (1, 2)), part=lambda ints, statics: ints)
+             check=_ndim("pick", (1, 2)), part=lambda rows, ints, statics: (rows, *ints))
 
 
 def _pick_dim_bound(avals):
@@ -849,7 +849,7 @@ def _check_pick_dim(avals, statics):
 
 PICK_DIM = OpDef("pick", lambda x, i, d: jax.lax.dynamic_index_in_dim(x, i, d, keepdims=False),
                  CHEAP, index_bounds=_pick_dim_bound, check=_check_pick_dim,
-                 part=lambda ints, statics: (slice(None),) * statics[0] + ints)
+                 part=lambda rows, ints, statics: (rows,) + (slice(None),) * statics[0] + ints)
 
 
 def pick(x, i, dim: int = 0):

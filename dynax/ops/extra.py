@@ -273,7 +273,7 @@ def _check_range(avals, statics):
 PICK_RANGE = OpDef("pick_range",
                    lambda x, s, e, d: jax.lax.slice_in_dim(x, s, e, axis=d), CHEAP,
                    check=_check_range,
-                   part=lambda ints, st: (slice(None),) * st[2] + (slice(st[0], st[1]),))
+                   part=lambda rows, ints, st: (rows,) + (slice(None),) * st[2] + (slice(st[0], st[1]),))
 
 
 def pick_range(x, start: int, end: int, d: int = 0):
@@ -299,7 +299,8 @@ def _check_indices(opname, axis):
 
 
 SELECT_ROWS = OpDef("select_rows", lambda x, rows: x[jnp.asarray(rows)], CHEAP,
-                    check=_check_indices("select_rows", 0))
+                    check=_check_indices("select_rows", 0),
+                    part=lambda rows, ints, st: (rows[:, None], np.asarray(st[0])[None, :]))
 SELECT_COLS = OpDef("select_cols", lambda x, cols: x[:, jnp.asarray(cols)], CHEAP,
                     check=_check_indices("select_cols", 1))
 

@@ -67,10 +67,10 @@ class OpDef:
         # cotangents into the table's gradient in place instead of materialising a dense
         # table cotangent (measured: 20000x300 embedding, ~2 dense passes per lookup batch).
         self.row_gather = row_gather
-        # The op is a part of its value argument, ``x[part(ints, statics)]`` (``part``: a
-        # lane's index into ``x`` from its 'i' arguments, arrays over lanes, and its statics;
-        # no other argument): kernels read just that part of each lane's row of the arena
-        # and scatter-add its cotangent back there (``kernels._reads_part``), where the
+        # The op is a part of its value argument (no other argument): ``part(rows, ints,
+        # statics)`` is the lanes' parts' index into the arena of ``x`` from their ``rows``
+        # and 'i' arguments (arrays over lanes), the lane axis first; kernels read just
+        # that and scatter-add the cotangents back there (``kernels._reads_part``), where the
         # general path gathers ``x`` whole for each lane (1,000 picks from two 1 MB
         # vectors: a 1 GB gather and a 1 GB cotangent)
         self.part = part

@@ -214,6 +214,7 @@ def test_bad_arguments_are_clear_errors_that_add_nothing(call, match):
      r"log_softmax: restrict index 3 out of range \[0, 3\)"),
     (lambda x: dx.log_softmax(np.ones(3, np.float32), []), dx.InvalidArgumentError,
      r"log_softmax: restrict must be a non-empty list of ints"),
+    (lambda x: x[-3], dx.IndexOutOfRangeError, r"pick: index -3 out of range \[0, 2\)"),
     (lambda x: x[::2], dx.InvalidArgumentError, r"slice: only a step of 1 is supported"),
     (lambda x: x[0.5:], dx.ArgumentTypeError, r"slice: bounds must be ints or None"),
     (lambda x: x[1:1], dx.IndexOutOfRangeError,

@@ -602,6 +602,9 @@ case("slice_getitem", A3, vec_data(),  # bounds past the ends clip, as NumPy's
                    ev(P, d["x"])[1:100], ev(P, d["x"])[-10:2]),
      lambda V, d: ((d["x"] + V["A"])[1:], (d["x"] + V["A"])[-3:-1], d["x"] + V["A"],
                    (d["x"] + V["A"])[1:100], (d["x"] + V["A"])[-10:2]))
+case("int_getitem", M23, mat_data(),  # negative ints count from the end, as NumPy's
+     lambda P, d: (em(P, d["X"])[-1], em(P, d["X"])[-2][np.int32(-3)], em(P, d["X"])[1][2]),
+     lambda V, d: ((d["X"] + V["M"])[-1], (d["X"] + V["M"])[-2][-3], (d["X"] + V["M"])[1][2]))
 case("transpose_dims", M23, lambda r, k: {"X": normal(r, 2, 3), "T": normal(r, 2, 3, 4)},
      lambda P, d: (dx.transpose(em(P, d["X"]), [1, 0]),
                    dx.transpose(inp(d["T"]) * dx.sum_elems(P["M"]), [2, 0, 1])),

@@ -1,6 +1,8 @@
 """``Expression``: a thin handle ``(graph, value id)`` with operators and value accessors."""
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from ..errors import NonScalarBackwardError, ShapeError
@@ -96,9 +98,12 @@ class Expression(Operators):
     # ---- operators (``+ - * / @`` and unary ``-`` come from ``Operators``) -----------------
     def __getitem__(self, i):
         """``e[i]`` is ``pick(e, i)``; ``e[a:b]`` is ``pick_range(e, a, b)`` (DyNet's), with
-        Python's meaning of omitted and negative bounds."""
+        Python's meaning of omitted and negative bounds, and of a negative ``i`` (``e[-1]``
+        is the last element or row; ``pick`` itself takes ``[0, n)`` only, as DyNet's)."""
         if type(i) is slice:
             return _ops.slice_first_dim(self, i)
+        if isinstance(i, numbers.Integral) and i < 0 and self.shape and i >= -self.shape[0]:
+            i += self.shape[0]
         return _ops.pick(self, i)
 
     # Not a sequence: iterating would add a pick node per element behind the user's back

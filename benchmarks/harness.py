@@ -47,8 +47,10 @@ PHASES = ("build", "schedule", "forward", "backward", "wait", "update")
 SYSTEMS = ("none", "depth", "agenda", "hand")
 RESULTS_DIR = os.path.join(os.path.dirname(__file__), "results")
 
-# (warm-up, timed) updates per system; "none" is slow and steady, so it needs fewer
-COUNTS = {"none": (2, 3), "depth": (5, 20), "agenda": (5, 20), "hand": (5, 20)}
+# (warm-up, timed) updates per system; "none" is slow (an update costs ~10 of the others'),
+# so it times 6; with 3 the tagger's agenda/none ratio, over 3 updates of each, spread
+# 8.5-10.2x between runs (sessions 79-80)
+COUNTS = {"none": (2, 6), "depth": (5, 20), "agenda": (5, 20), "hand": (5, 20)}
 QUICK_COUNTS = {"none": (1, 1), "depth": (3, 4), "agenda": (3, 4), "hand": (2, 4)}
 
 
@@ -327,7 +329,7 @@ def summarise(name: str, rows: list, n_warm: int, batch_size: int) -> dict:
 
 def add_ratios(results: dict) -> None:
     """Add ``x_none`` and ``x_hand`` (throughput ratio to those systems) to every result,
-    each over the timed batches both systems ran (``none`` times the first 3 of the 20
+    each over the timed batches both systems ran (``none`` times the first 6 of the 20
     that the others time; over all 20 against its 3 the ratio was off by up to 4%)."""
     for ref in ("none", "hand"):
         base = results.get(ref)

@@ -30,7 +30,8 @@ PARTS = {
     "row_range": (True, lambda x, i: dx.pick_range(x, i % 3, i % 3 + 3),
                   lambda x, i: x[i % 3:i % 3 + 3]),
     "column_range": (True, lambda x, i: dx.pick_range(x, 1, 2, 1), lambda x, i: x[:, 1:2]),
-    "rows": (True, lambda x, i: dx.select_rows(x, [i, 0, i]), lambda x, i: x[jnp.array([i, 0, i])]),
+    "rows": (True, lambda x, i: dx.select_rows(x, [i, 0, i]),
+             lambda x, i: x[jnp.array([i, 0, i])]),
 }
 
 

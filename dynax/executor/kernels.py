@@ -193,7 +193,7 @@ def _reads_part(sig) -> bool:
     arena, ``arena[rows, part]``, and scatter-adds the cotangents back to that part. Read
     whole, ``x`` was gathered into a block of B copies (materialised: the forward's reads
     pass an optimization barrier) and its cotangent was as large: 1,000 picks from two
-    1 MB vectors peaked at 2.27 GB (session 79's audit), 0.31 GB so."""
+    1 MB vectors peaked at 2.27 GB (session 79's audit), and now 0.31 GB."""
     return READ_PARTS and reads_part(sig.op, sig.kinds)
 
 

@@ -273,7 +273,8 @@ def _check_range(avals, statics):
 PICK_RANGE = OpDef("pick_range",
                    lambda x, s, e, d: jax.lax.slice_in_dim(x, s, e, axis=d), CHEAP,
                    check=_check_range,
-                   part=lambda rows, ints, st: (rows,) + (slice(None),) * st[2] + (slice(st[0], st[1]),))
+                   part=lambda rows, ints, st: ((rows,) + (slice(None),) * st[2]
+                                                + (slice(st[0], st[1]),)))
 
 
 def pick_range(x, start: int, end: int, d: int = 0):

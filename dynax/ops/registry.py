@@ -67,12 +67,12 @@ class OpDef:
         # cotangents into the table's gradient in place instead of materialising a dense
         # table cotangent (measured: 20000x300 embedding, ~2 dense passes per lookup batch).
         self.row_gather = row_gather
-        # The op is a part of its value argument (no other argument): ``part(rows, ints,
-        # statics)`` is the lanes' parts' index into the arena of ``x`` from their ``rows``
-        # and 'i' arguments (arrays over lanes), the lane axis first; kernels read just
-        # that and scatter-add the cotangents back there (``kernels._reads_part``), where the
-        # general path gathers ``x`` whole for each lane (1,000 picks from two 1 MB
-        # vectors: a 1 GB gather and a 1 GB cotangent)
+        # The op takes a part of its one tensor argument ``x`` (its others are ints and
+        # statics): ``part(rows, ints, statics)`` indexes the lanes' parts in the arena of
+        # ``x``, lane axis first, from their rows and 'i' arguments (arrays over lanes).
+        # Kernels read just that and scatter-add the cotangents back there
+        # (``kernels._reads_part``); the general path gathers ``x`` whole for each lane
+        # (1,000 picks from two 1 MB vectors: a 1 GB gather and a 1 GB cotangent)
         self.part = part
         # -inf is a legitimate value of this op (a masked log-probability): the validity
         # mode (``renew_cg(check_validity=True)``) lets it pass, and still stops at NaN, +inf

@@ -86,6 +86,28 @@ def test_dropout_same_seed_same_mask_and_strategy_independent():
     assert any(not np.array_equal(x, y) for x, y in zip(a, d))
 
 
+@pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg"])
+def test_dropout_masks_are_strategy_independent_under_any_default_prng(impl):
+    """The process's default PRNG (``jax_default_prng_impl``) does not change the masks: an
+    rbg key's draws differ under vmap, and batched lanes drew other masks than ``none``."""
+    import jax
+    before = jax.config.jax_default_prng_impl
+    jax.config.update("jax_default_prng_impl", impl)
+    try:
+        masks = {}
+        for strategy in ("none", "depth", "agenda"):
+            dx.renew_cg(autobatch=strategy, seed=7)
+            xs = [dx.dropout(dx.input(np.full(6, i + 1.0, np.float32)), 0.5) for i in range(3)]
+            masks[strategy] = np.stack([x.npvalue() != 0 for x in xs])
+    finally:
+        jax.config.update("jax_default_prng_impl", before)
+    np.testing.assert_array_equal(masks["none"], masks["depth"])
+    np.testing.assert_array_equal(masks["none"], masks["agenda"])
+    dx.renew_cg(seed=7)  # the same masks as under the default PRNG
+    xs = [dx.dropout(dx.input(np.full(6, i + 1.0, np.float32)), 0.5) for i in range(3)]
+    np.testing.assert_array_equal(masks["none"], np.stack([x.npvalue() != 0 for x in xs]))
+
+
 def test_dropout_masks_differ_across_nodes_and_scale():
     vals = _dropout_values(5)
     assert not np.array_equal(vals[0], vals[1])

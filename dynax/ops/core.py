@@ -473,8 +473,10 @@ def cdiv(a, b):
 # depends on neither the strategy nor the batch, so every strategy draws the same.
 
 def draw_key(seed, node):
-    """The PRNG key of a node's draw."""
-    return jax.random.fold_in(jax.random.PRNGKey(seed), node)
+    """The PRNG key of a node's draw. Threefry whatever the process's default
+    (``jax_default_prng_impl``): an ``rbg`` key's draws differ under ``vmap``, so a batch's
+    lanes but the first drew other masks than the same nodes run one by one."""
+    return jax.random.fold_in(jax.random.key(seed, impl="threefry2x32"), node)
 
 
 def seed_and_node_bounds(avals):

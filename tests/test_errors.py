@@ -134,10 +134,22 @@ def test_other_shape_mismatches(name, build):
 def test_pick_out_of_range(i):
     dx.renew_cg()
     x = inp(3)
-    with pytest.raises(ValueError) as ei:
+    with pytest.raises(ValueError) as ei:  # pick takes [0, n), as DyNet's
         dx.pick(x, i)
     check_index_message(ei.value, "pick", i, (3,))
+    if i < 0:  # e[i] counts a negative index from the end, as NumPy's
+        np.testing.assert_array_equal(x[i].value(), x.npvalue()[i])
+        return
     with pytest.raises(ValueError) as ei:  # E[i] on an expression
+        x[i]
+    check_index_message(ei.value, "pick", i, (3,))
+
+
+@pytest.mark.parametrize("i", [-4, -100])
+def test_negative_item_out_of_range(i):
+    dx.renew_cg()
+    x = inp(3)
+    with pytest.raises(ValueError) as ei:
         x[i]
     check_index_message(ei.value, "pick", i, (3,))
 

@@ -171,15 +171,17 @@ class ComputationGraph:
             v = self.zero_consts[akey] = self.add_constant(np.zeros(a.shape, a.dtype), akey)
         return v
 
-    def scalar_constant(self, x: float) -> int:
-        """A 0-d constant for a number operand of ``+ - * /``, shared within the graph.
+    def scalar_constant(self, x: float, dtype=_FLOAT) -> int:
+        """A 0-d constant of ``dtype`` for a number operand of ``+ - * /``, shared within
+        the graph.
 
         Data, not part of the signature: ``e * w`` for many values of ``w`` is one batch and
         one kernel (as a static operand it was a batch and a compilation per value)."""
-        key = (x, math.copysign(1.0, x))  # 0.0 and -0.0 differ in what they add
+        key = (x, math.copysign(1.0, x), dtype)  # 0.0 and -0.0 differ in what they add
         v = self.scalar_consts.get(key)
         if v is None:
-            v = self.scalar_consts[key] = self.add_constant(np.asarray(x, _FLOAT), _SCALAR)
+            akey = _SCALAR if dtype == _FLOAT else akey_of((), dtype)
+            v = self.scalar_consts[key] = self.add_constant(np.asarray(x, dtype), akey)
         return v
 
     def add_node(self, op, kinds: str, args):

@@ -31,7 +31,7 @@ class Expression(Operators):
 
     @property
     def dtype(self):
-        """The value's dtype (float32)."""
+        """The value's dtype: float32, but what a ``@dx.function`` returns (bfloat16, ...)."""
         return AKEY_AVAL[self.g.val_akey[self.v]].dtype
 
     def dim(self) -> tuple:

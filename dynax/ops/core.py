@@ -420,21 +420,26 @@ def _is_number(x) -> bool:
                                       and not isinstance(x, (np.ndarray, jax.Array)))
 
 
-def _number_as_data(x) -> Expression:
-    """The number ``x`` as a 0-d constant of the current graph (data, not part of a node's
-    signature), so that nodes differing only in the number share a signature (one batch,
-    one compilation). Callers are ``@atomic``: a failed node leaves no constant behind."""
+def _number_as_data(x, dtype=FLOAT) -> Expression:
+    """The number ``x`` as a 0-d constant of ``dtype`` in the current graph (data, not part
+    of a node's signature), so that nodes differing only in the number share a signature
+    (one batch, one compilation). Callers are ``@atomic``: a failed node leaves no
+    constant behind."""
     g = current_graph()
-    return Expression(g, g.scalar_constant(float(x)))
+    return Expression(g, g.scalar_constant(float(x), dtype))
 
 
 @atomic  # a failed node leaves no constant behind
 def _number_operand(op, a, b):
-    """``op`` with a number operand given as data (``_number_as_data``)."""
+    """``op`` with a number operand given as data (``_number_as_data``), of the other
+    operand's dtype: weakly typed, as JAX's Python scalars (``e * 2.0`` of a bfloat16 ``e``
+    is bfloat16)."""
+    other = b if _is_number(a) else a
+    dtype = other.dtype if type(other) is Expression else FLOAT
     if _is_number(a):
-        a = _number_as_data(a)
+        a = _number_as_data(a, dtype)
     if _is_number(b):
-        b = _number_as_data(b)
+        b = _number_as_data(b, dtype)
     return _apply(op, a, b)
 
 
@@ -1041,15 +1046,18 @@ def _as_expression(x, opname):
     return item if k == "v" else _apply(IDENTITY, item)
 
 
-def shared_zeros(shape) -> Expression:
-    """The current graph's one zero constant of ``shape``, made at its first use (list
-    padding, RNN initial states): one node and one row however many ask for it."""
+def shared_zeros(shape, dtype=FLOAT) -> Expression:
+    """The current graph's one zero constant of ``shape`` and ``dtype``, made at its first
+    use (list padding, RNN initial states): one node and one row however many ask for it."""
     g = current_graph()
-    return Expression(g, g.zero_constant(akey_of(shape, FLOAT)))
+    return Expression(g, g.zero_constant(akey_of(shape, dtype)))
 
 
 def _zero_like(xs):
-    return shared_zeros(xs[0].shape)
+    """A list's padding item: of its first item's dtype (a float32 zero among bfloat16
+    items made the result float32 at the lengths that were padded)."""
+    x = xs[0]
+    return shared_zeros(x.shape, x.dtype if type(x) is Expression else FLOAT)
 
 
 def _name_the_item(opname, items):

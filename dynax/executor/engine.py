@@ -287,17 +287,20 @@ class Engine:
             try:
                 self._forward(g)
             except BaseException as e:
-                self._replace_lost_arenas()
+                # jax_debug_nans / debug_infs: the non-finite value a kernel wrote stays in
+                # its arena, and JAX checks every arena a kernel returns whole: every later
+                # graph would raise, so all arenas are replaced
+                self._replace_lost_arenas(every=isinstance(e, FloatingPointError))
                 if g.failed is None and g.computed < len(g.node_sig):
                     g.failed = f"its forward pass stopped part-way ({type(e).__name__})"
                 raise
 
-    def _replace_lost_arenas(self) -> None:
+    def _replace_lost_arenas(self, every: bool = False) -> None:
         """Fresh zero arenas for the ones a failed or interrupted kernel took (donated
-        buffers are deleted when the call is dispatched), of the same capacity: kernels are
-        compiled per capacity."""
+        buffers are deleted when the call is dispatched), or for ``every`` one, of the same
+        capacity: kernels are compiled per capacity."""
         for a, arr in list(self.arenas.items()):
-            if arr.is_deleted():
+            if every or arr.is_deleted():
                 self.arenas[a] = zeros(arr.shape, arr.dtype)
 
     def _forward(self, g):
@@ -427,8 +430,10 @@ class Engine:
         except Exception as e:
             nodes = run[0][5]
             _undo_launch(g, sig, *before)
-            if run[0][3] is not None and self._launch_values_only(g, run, e):
-                return  # it failed saving residuals, and runs without
+            if run[0][3] is not None and not isinstance(e, FloatingPointError) \
+                    and self._launch_values_only(g, run, e):
+                return  # it failed saving residuals, and runs without (not a non-finite
+                # value under jax_debug_nans: that is no reason to give up the backward)
             what = (f"a batch of {sum(len(s[5]) for s in run)} '{sig.op.name}' node(s) (the "
                     f"first built as node {nodes[0]})")
             g.failed = f"{what} failed: {type(e).__name__}: {_first_line(e)}"

@@ -9,7 +9,7 @@ from .device import (get_device, set_compilation_cache, set_cpu_threads, set_dev
                      set_xla_thread_nice)
 from .errors import (ArgumentTypeError, DTypeError, DynaxError, IndexOutOfRangeError,
                      InvalidArgumentError, NonFiniteValueError, NonScalarBackwardError,
-                     ShapeError, StaleExpressionError)
+                     PrecisionWarning, ShapeError, StaleExpressionError)
 from .graph import ComputationGraph, Expression, current_graph, renew_cg
 from .heap import settled_heap
 from .nn import (AdadeltaTrainer, AdagradTrainer, AdamTrainer, AmsgradTrainer,

@@ -1,6 +1,8 @@
 """Exceptions raised by dynax. Construction errors are ``ValueError`` subclasses so that
 ``except ValueError`` catches every bad-input failure, as with NumPy and JAX, and their
 messages end with the user's file:line where the bad call was made."""
+import numpy as np
+
 from .sites import user_site
 
 
@@ -54,3 +56,27 @@ class ArgumentTypeError(_AtUserSite, DynaxError, TypeError, ValueError):
 class NonFiniteValueError(DynaxError, FloatingPointError):
     """A value or gradient computed by the graph is NaN or infinite
     (``dx.renew_cg(check_validity=True)``)."""
+
+
+class PrecisionWarning(UserWarning):
+    """A value was stored at a lower precision than it came in (dynax computes in float32)."""
+
+
+_float64_warned = False
+
+
+def warn_float64_stored_as_float32(what: str, dtype) -> None:
+    """Warn, once per process, that a float64 array (under ``jax_enable_x64``, where a JAX
+    user may expect float64 math) is stored as float32: parameters and constants are
+    float32 in dynax, as in DyNet."""
+    global _float64_warned
+    if _float64_warned or dtype != np.float64:
+        return
+    import jax
+    if not jax.config.jax_enable_x64:
+        return
+    _float64_warned = True
+    import warnings
+    warnings.warn(f"{what}: a float64 array is stored as float32; dynax's parameters and "
+                  "constants are float32 (jax_enable_x64 does not change that). This "
+                  "warning is shown once.", PrecisionWarning, stacklevel=3)

@@ -63,3 +63,40 @@ def test_number_operands_are_weakly_typed(strategy):
     for got, want in pairs:
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got.npvalue(), np.asarray(want))
+
+
+def test_float64_under_x64_warns_once_that_it_is_stored_as_float32():
+    """A JAX user with ``jax_enable_x64`` may expect float64 math: a float64 init or
+    constant is stored as float32, and dynax says so once (a PrecisionWarning)."""
+    import subprocess
+    import sys
+    code = """if True:
+        import warnings, numpy as np, jax
+        jax.config.update("jax_enable_x64", True)
+        import dynax as dx
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            pc = dx.ParameterCollection(seed=0)
+            W = pc.add_parameters((2, 2), init=np.eye(2))            # float64
+            x = dx.input(np.array([1.0, 2.0]))                       # float64
+            y = dx.input(np.array([1.0, 2.0], np.float32))
+            v = dx.sum_elems(W @ x + y).value()
+        kinds = [type(m.message).__name__ for m in w]
+        print(kinds, W.value.dtype, x.dtype, v)
+        """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("]")[0] + "]" == "['PrecisionWarning']", out.stdout
+    assert "float32 float32 6.0" in out.stdout
+
+
+def test_float64_without_x64_does_not_warn():
+    """NumPy's float64 default is what a DyNet user passes: no warning without x64."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dx.renew_cg()
+        pc = dx.ParameterCollection(seed=0)
+        W = pc.add_parameters((2, 2), init=np.eye(2))
+        assert dx.sum_elems(W @ dx.input(np.array([1.0, 2.0]))).value() == 3.0

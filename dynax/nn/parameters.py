@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..device import get_device, zeros
-from ..errors import ArgumentTypeError, IndexOutOfRangeError, InvalidArgumentError
+from ..errors import (ArgumentTypeError, IndexOutOfRangeError, InvalidArgumentError,
+                      warn_float64_stored_as_float32)
 from ..operators import Operators
 
 INITS = ("glorot", "normal", "uniform", "zeros", "ones")
@@ -34,6 +35,7 @@ def _real_array(value, what: str) -> np.ndarray:
             or arr.dtype == np.bool_):
         raise InvalidArgumentError(f"{what}: expected real numbers, got dtype {arr.dtype} "
                                    f"(shape {arr.shape})")
+    warn_float64_stored_as_float32(what, arr.dtype)
     return arr.astype(np.float32)
 
 

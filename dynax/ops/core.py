@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import (ArgumentTypeError, DTypeError, IndexOutOfRangeError, InvalidArgumentError,
-                      ShapeError)
+                      ShapeError, warn_float64_stored_as_float32)
 from ..graph.computation_graph import _local, current_graph
 from ..graph.appenders import append_node
 from ..graph.expression import Expression
@@ -263,6 +263,8 @@ def input(value) -> Expression:  # noqa: A001  (DyNet's name)
     if arr.size == 0:  # as a slice or a parameter: softmax([]) would compute []
         raise ShapeError(f"input: shape {arr.shape} has no element; an expression has at "
                          "least one element")
+    if arr.dtype == np.float64:
+        warn_float64_stored_as_float32("input", arr.dtype)
     arr = np.array(arr, dtype=FLOAT)  # a copy: later changes to the caller's array don't leak
     g = current_graph()
     return Expression(g, g.add_constant(arr, akey_of(arr.shape, FLOAT)))

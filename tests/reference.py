@@ -167,6 +167,18 @@ def ref_child_sum_tree(vals, t, xs):
     return ref_child_sum_node(xs[t[0]], kids, *vals)
 
 
+def every_repeat_runs_once(monkeypatch):
+    """Run every batch with repeated lanes on its distinct lanes (``repeats.py``), however
+    little that saves (the default asks for 4M elements of work saved), and look at every
+    batch (an earlier test's batches without repeats made the gates skip some)."""
+    from dynax.executor import engine
+    from dynax.ops.registry import live_signatures
+    monkeypatch.setattr(engine, "REPEATS_MIN_WORK", 1)
+    for sig in live_signatures():  # gates are per (interned) signature: start open
+        sig.repeats = None
+    dx.renew_cg().engine.dry_passes = 0  # as if the last pass had run repeats once
+
+
 def record_kernel_texts(monkeypatch):
     """From here on (kernels made before are forgotten), note each kernel's first call;
     returns ``texts()``: ({name: compiled HLO text on that call's argument shapes},

@@ -12,8 +12,7 @@ import pytest
 
 import dynax as dx
 from dynax.executor import engine, kernels
-from dynax.ops.registry import live_signatures
-from reference import STRATEGIES, record_kernel_texts
+from reference import STRATEGIES, every_repeat_runs_once, record_kernel_texts
 
 N = 6  # elements of a vector, rows of a matrix
 RNG = np.random.default_rng(1)
@@ -148,10 +147,7 @@ def test_a_lone_part_matches_jax_grad(part):
 @pytest.mark.parametrize("part", ["element", "column", "row_range"])
 def test_repeated_parts_run_once_and_match_jax_grad(part, monkeypatch):
     """The same parts built twice: their lanes repeat, and run once (``repeats.py``)."""
-    monkeypatch.setattr(engine, "REPEATS_MIN_WORK", 1)
-    for sig in live_signatures():
-        sig.repeats = None
-    dx.renew_cg().engine.dry_passes = 0
+    every_repeat_runs_once(monkeypatch)
     _check("agenda", PICKS * 2, part)
 
 

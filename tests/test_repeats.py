@@ -17,7 +17,7 @@ import dynax as dx
 from dynax.errors import StaleExpressionError
 from dynax.executor import engine
 from dynax.executor.repeats import MAX_SKIP, RepeatGate
-from dynax.ops.registry import live_signatures
+from reference import every_repeat_runs_once
 
 STRATEGIES = ("none", "depth", "agenda")
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -25,14 +25,9 @@ TREES = [[1, 2, 1, 3], [1, 2, 2], [3, 5, 1, 2], [1, 2], [1, 2, 5], [2, 1]]  # (1
 
 
 @pytest.fixture(autouse=True)
-def every_repeat_runs_once(monkeypatch):
-    """Small cells: run every batch with repeats on its distinct lanes, however little
-    that saves (the default asks for 4M elements of work saved), and look at every batch
-    (an earlier test's batches without repeats made the gates skip some)."""
-    monkeypatch.setattr(engine, "REPEATS_MIN_WORK", 1)
-    for sig in live_signatures():  # gates are per (interned) signature: start open
-        sig.repeats = None
-    dx.renew_cg().engine.dry_passes = 0  # as if the last pass had run repeats once
+def repeats_always_run_once(monkeypatch):
+    """Small cells: every batch with repeats runs on its distinct lanes."""
+    every_repeat_runs_once(monkeypatch)
 
 
 @dx.function

@@ -18,9 +18,7 @@ import numpy as np
 import pytest
 
 import dynax as dx
-from dynax.executor import engine
-from dynax.ops.registry import live_signatures
-from reference import STRATEGIES, record_kernel_texts
+from reference import STRATEGIES, every_repeat_runs_once, record_kernel_texts
 
 D = 4
 LENGTHS = (2, 3, 5, 5, 7, 16, 17, 40)  # equal lengths batch; esum & co. pad to a width
@@ -116,10 +114,7 @@ def test_a_single_list_matches_jax_grad(op):
 @pytest.mark.parametrize("op", ["concatenate", "average", "logsumexp"])
 def test_repeated_lists_run_once_and_match_jax_grad(op, monkeypatch):
     """The same lists built twice: their lanes repeat, and run once (``repeats.py``)."""
-    monkeypatch.setattr(engine, "REPEATS_MIN_WORK", 1)
-    for sig in live_signatures():
-        sig.repeats = None
-    dx.renew_cg().engine.dry_passes = 0
+    every_repeat_runs_once(monkeypatch)
     _check(op, "agenda", WORDS[:4] * 2)
 
 
